@@ -1,0 +1,169 @@
+"""The `fanfs` command: argument parsing and dispatch only.
+
+Every subcommand module is imported lazily, so `fanfs pack` never imports pyfuse3 or mpi4py.
+Expected failures (`FanfsError`, OSError) print one line and return their exit code
+(docs/errors.md); only a bug prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from fanfs import __version__
+from fanfs.errors import FanfsError
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = """exit codes: 0 ok, 1 internal or OS error, 2 usage or bad input,
+3 pack unreadable/corrupt/wrong version, 4 mount setup failed, 5 cluster init failed"""
+
+
+def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("pack", help="convert a dataset tree into a pack", epilog=EXIT_CODES)
+    p.add_argument("src", help="source directory (the dataset tree)")
+    p.add_argument("out", help="pack directory to create")
+    p.add_argument("--codec", default="zstd:3", help="none, lz4, zstd[:LEVEL] or brotli[:LEVEL] (default zstd:3)")
+    p.add_argument("--chunk-size", default="1MiB", help="files larger than this are split into chunks (default 1MiB)")
+    p.add_argument("--partitions", type=int, default=None, help="number of partitions (default: by size, 16..4096)")
+    p.add_argument("--broadcast", action="append", default=[], metavar="GLOB",
+                   help="paths replicated on every node, e.g. 'val/**' (repeatable)")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="compression threads (default: all cores)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
+    p.add_argument("--skip-unreadable", action="store_true", help="skip unreadable files with a warning")
+    p.set_defaults(func=_cmd_pack)
+
+
+def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("mount", help="mount a pack as a read-only tree", epilog=EXIT_CODES)
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("mountpoint", help="empty directory to mount on")
+    p.add_argument("-f", "--foreground", "--fg", action="store_true", help="stay in the foreground")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="FUSE mount options passed through (e.g. allow_other)")
+    p.add_argument("--log", default=None, help="log file (default: stderr with -f, else /tmp/fanfs-UID/mount-*.log)")
+    p.add_argument("--debug", action="store_true", help="log every request (slow)")
+    p.add_argument("--cache-size", default="256MiB", help="decoded-chunk cache for large files (default 256MiB)")
+    p.add_argument("--preload", choices=("auto", "yes", "no"), default="auto",
+                   help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
+    p.add_argument("--no-noopen", dest="noopen", action="store_false",
+                   help="do not use the kernel's no-open mode even with the patched pyfuse3")
+    p.set_defaults(func=_cmd_mount)
+
+
+def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("umount", help="unmount a fanfs mount", epilog=EXIT_CODES)
+    p.add_argument("mountpoint")
+    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
+    p.set_defaults(func=_cmd_umount)
+    p = sub.add_parser("inspect", help="summarise a pack", epilog=EXIT_CODES)
+    p.add_argument("pack")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(func=_cmd_inspect)
+    p = sub.add_parser("verify", help="check every checksum in a pack", epilog=EXIT_CODES)
+    p.add_argument("pack")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("demo", help="generate a sample dataset, pack, mount and read it like a training loop")
+    p.add_argument("--workdir", default=None, help="where to put the sample (default: a temporary directory)")
+    p.add_argument("--files", type=int, default=4000, help="number of sample files (default 4000)")
+    p.add_argument("--workers", type=int, default=4, help="reader processes (default 4)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs to read (default 2)")
+    p.set_defaults(func=_cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fanfs",
+        description="A compressed, partitioned, read-only filesystem for deep-learning datasets.",
+        epilog=EXIT_CODES,
+    )
+    parser.add_argument("--version", action="version", version="fanfs %s" % __version__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_pack(sub)
+    _add_mount(sub)
+    _add_small(sub)
+    return parser
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from fanfs._sizes import parse_size
+    from fanfs.compression import parse_codec
+    from fanfs.pack import PackOptions, run_pack
+
+    opts = PackOptions(
+        src=args.src,
+        out=args.out,
+        codec=parse_codec(args.codec),
+        chunk_size=parse_size(args.chunk_size),
+        partitions=args.partitions,
+        broadcast=tuple(args.broadcast),
+        jobs=args.jobs,
+        quiet=args.quiet,
+        force=args.force,
+        skip_unreadable=args.skip_unreadable,
+    )
+    run_pack(opts)
+    return 0
+
+
+def _cmd_mount(args: argparse.Namespace) -> int:
+    from fanfs.mount import mount_from_args
+
+    return mount_from_args(args)
+
+
+def _cmd_umount(args: argparse.Namespace) -> int:
+    from fanfs.umount import umount
+
+    umount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from fanfs.verify import inspect_pack
+
+    print(inspect_pack(args.pack, as_json=args.json))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from fanfs.verify import verify_pack
+
+    return verify_pack(args.pack, quiet=args.quiet)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from fanfs.demo import run_demo
+
+    return run_demo(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # fanfs does no linear algebra; a BLAS thread pool would only get in the way of the
+    # daemon's fork (it must fork before any thread starts).
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    args = build_parser().parse_args(argv)
+    from fanfs.logsetup import setup_logging
+
+    setup_logging(debug=getattr(args, "debug", False), quiet=getattr(args, "quiet", False))
+    try:
+        return int(args.func(args))
+    except FanfsError as exc:
+        print("fanfs %s: error: %s" % (args.command, exc), file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print("fanfs %s: error: %s" % (args.command, exc), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fanfs %s: interrupted" % args.command, file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""On-disk constants and the manifest: magic, FORMAT_VERSION, file names, column schema.
+
+A pack is a directory (docs/format.md):
+    fanfs.manifest   header (magic, version, length, crc32) + canonical JSON
+    index            little-endian column arrays (entries, chunks, names blob)
+    part-NNNNN       partitions: concatenated stored (compressed or raw) chunks
+Never does I/O beyond reading and writing the manifest file itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Final
+
+from fanfs.errors import PackFormatError, PackVersionError
+
+MAGIC: Final = b"FANFSPK\n"
+FORMAT_VERSION: Final = 1
+MANIFEST_NAME: Final = "fanfs.manifest"
+INDEX_NAME: Final = "index"
+_HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
+# Largest manifest we accept: a 4096-partition pack's manifest is about 0.5 MiB.
+MAX_MANIFEST_BYTES: Final = 64 * 1024 * 1024
+
+# Column schema of the index file, in file order: (column name, numpy dtype). Entry columns
+# have one row per entry (entry id = row, root = 0), chunk columns one row per stored chunk;
+# `names` is a byte blob holding entry names and symlink targets. See docs/format.md.
+ENTRY_COLUMNS: Final = (
+    ("parent", "<u4"),  # entry id of the parent directory (root: 0)
+    ("name_off", "<u8"),  # offset of the name in `names`
+    ("name_len", "<u2"),  # length of the name (<= 255)
+    ("mode", "<u4"),  # st_mode: file type and permission bits
+    ("mtime_ns", "<i8"),  # modification time, ns since the epoch
+    ("size", "<u8"),  # file size; symlink: target length; directory: 0
+    ("first", "<u8"),  # dir: first child id; file: first chunk id; symlink: target offset
+    ("count", "<u4"),  # dir: number of children; file: number of chunks; symlink: 0
+)
+CHUNK_COLUMNS: Final = (
+    ("partition", "<u4"),  # partition number
+    ("offset", "<u8"),  # byte offset of the stored chunk in its partition
+    ("csize", "<u4"),  # stored (compressed) size in bytes
+    ("codec", "<u1"),  # codec id (compression.CODEC_*)
+    ("crc32", "<u4"),  # zlib crc32 of the stored bytes
+)
+NAMES_COLUMN: Final = ("names", "<u1")
+COLUMN_ALIGN: Final = 8
+NAME_MAX: Final = 255
+
+
+def partition_name(number: int) -> str:
+    return "part-%05d" % number
+
+
+def encode_manifest(manifest: dict[str, Any]) -> bytes:
+    """Serialise a manifest canonically (sorted keys, no whitespace), header first."""
+    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
+
+
+def read_manifest(pack_dir: str) -> dict[str, Any]:
+    """Read and validate `pack_dir/fanfs.manifest`; raises PackFormatError/PackVersionError."""
+    path = os.path.join(pack_dir, MANIFEST_NAME)
+    if not os.path.isdir(pack_dir):
+        raise PackFormatError("%s: not a fanfs pack (no such directory)" % pack_dir)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + _HEADER.size)
+    except FileNotFoundError:
+        raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME)) from None
+    except OSError as exc:
+        raise PackFormatError("%s: cannot read manifest: %s" % (pack_dir, exc.strerror)) from exc
+    if len(raw) < _HEADER.size or raw[:8] != MAGIC:
+        raise PackFormatError("%s: not a fanfs pack (bad magic in %s)" % (pack_dir, MANIFEST_NAME))
+    _, version, length, crc = _HEADER.unpack_from(raw)
+    if version != FORMAT_VERSION:
+        raise PackVersionError(
+            "%s: pack format version %d is not supported (this fanfs reads version %d)"
+            % (pack_dir, version, FORMAT_VERSION)
+        )
+    body = raw[_HEADER.size :]
+    if len(body) != length or zlib.crc32(body) != crc:
+        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
+    try:
+        manifest: dict[str, Any] = json.loads(body)
+    except ValueError as exc:
+        raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
+    return manifest

@@ -1,0 +1,133 @@
+"""`PackWriter`: appends stored chunks to partitions, then writes the index and manifest.
+
+Placement: every chunk goes to the least-filled partition of its set (regular or broadcast)
+in the order chunks are added, ties to the lowest number. That balances partitions by stored
+bytes to within one chunk, is a pure function of the chunk sizes (so packs are byte-for-byte
+deterministic), and spreads each directory over all partitions so any node count gets an even
+share. The writer only writes into a directory it is given; pack.py owns the temp-dir rename.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import resource
+import zlib
+from typing import Any
+
+import numpy as np
+
+from fanfs.errors import UsageError
+from fanfs.format.index import encode_columns
+from fanfs.format.layout import FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, encode_manifest, partition_name
+
+
+class _Partition:
+    __slots__ = ("broadcast", "chunks", "crc32", "fd", "size")
+
+    def __init__(self, path: str, broadcast: bool) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self.size = 0
+        self.crc32 = 0
+        self.chunks = 0
+        self.broadcast = broadcast
+
+
+def _ensure_open_files(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise UsageError(
+                "%d partitions need %d open files but the limit is %d; use fewer --partitions"
+                % (needed - 64, needed, hard)
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+class PackWriter:
+    """Writes one pack into an empty directory `out_dir`. Not thread-safe: one caller."""
+
+    def __init__(self, out_dir: str, partitions: int, broadcast_partitions: int) -> None:
+        _ensure_open_files(partitions + broadcast_partitions + 64)
+        self._dir = out_dir
+        self._parts: list[_Partition] = []
+        self._heaps: dict[bool, list[tuple[int, int]]] = {False: [], True: []}
+        for number in range(partitions + broadcast_partitions):
+            broadcast = number >= partitions
+            self._parts.append(_Partition(os.path.join(out_dir, partition_name(number)), broadcast))
+            self._heaps[broadcast].append((0, number))
+
+    def add_chunk(self, stored: bytes, broadcast: bool) -> tuple[int, int]:
+        """Append one stored chunk; returns (partition, offset)."""
+        heap = self._heaps[broadcast]
+        if not heap:
+            raise AssertionError("no %s partitions" % ("broadcast" if broadcast else "regular"))
+        _, number = heap[0]
+        part = self._parts[number]
+        offset = part.size
+        view = memoryview(stored)
+        while view:
+            view = view[os.write(part.fd, view) :]
+        part.size += len(stored)
+        part.crc32 = zlib.crc32(stored, part.crc32)
+        part.chunks += 1
+        heapq.heapreplace(heap, (part.size, number))
+        return number, offset
+
+    def finish(self, columns: dict[str, np.ndarray], manifest: dict[str, Any]) -> dict[str, Any]:
+        """Write index and manifest, fsync everything; returns the completed manifest.
+
+        `manifest` supplies the caller's fields (options, totals); the writer adds format,
+        partitions and index descriptors.
+        """
+        for part in self._parts:
+            os.fsync(part.fd)
+            os.close(part.fd)
+            part.fd = -1
+        blob, descriptors = encode_columns(columns)
+        self._write_file(INDEX_NAME, blob)
+        manifest = dict(manifest)
+        manifest["format_version"] = FORMAT_VERSION
+        manifest["index"] = {
+            "file": INDEX_NAME,
+            "size": len(blob),
+            "crc32": zlib.crc32(blob),
+            "entries": len(columns["parent"]),
+            "chunks": len(columns["partition"]),
+            "columns": descriptors,
+        }
+        manifest["partitions"] = [
+            {
+                "file": partition_name(number),
+                "size": part.size,
+                "crc32": part.crc32,
+                "chunks": part.chunks,
+                "broadcast": part.broadcast,
+            }
+            for number, part in enumerate(self._parts)
+        ]
+        # The manifest goes last: a directory without one is never taken for a pack.
+        self._write_file(MANIFEST_NAME, encode_manifest(manifest))
+        dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return manifest
+
+    def abort(self) -> None:
+        """Close partition files after a failure (the caller removes the directory)."""
+        for part in self._parts:
+            if part.fd >= 0:
+                os.close(part.fd)
+                part.fd = -1
+
+    def _write_file(self, name: str, data: bytes) -> None:
+        fd = os.open(os.path.join(self._dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,56 @@
+"""Logging setup for the commands and the mount daemon, and the log-once filter.
+
+Not named logging.py so it never shadows the stdlib module.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Final
+
+LOG_ONCE: Final = {"log_once": True}
+
+
+class LogOnceFilter(logging.Filter):
+    """Drop repeats of records logged with `extra=LOG_ONCE` (same message and arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "log_once", False):
+            return True
+        key = (record.msg if isinstance(record.msg, str) else repr(record.msg), repr(record.args))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
+def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | None = None) -> None:
+    """Send fanfs's records to stderr (commands) or to `logfile` (a background daemon)."""
+    root = logging.getLogger("fanfs")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    if logfile:
+        handler: logging.Handler = logging.FileHandler(logfile)
+        fmt = "%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(name)s: %(message)s"
+        handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fanfs: %(levelname_lower)s: %(message)s"))
+        handler.addFilter(_lower_level)
+    handler.addFilter(LogOnceFilter())
+    root.addHandler(handler)
+    root.propagate = False
+    root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    if not debug:
+        # Disabled DEBUG calls on hot paths then cost one integer comparison.
+        logging.disable(logging.DEBUG)
+
+
+def _lower_level(record: logging.LogRecord) -> bool:
+    record.levelname_lower = record.levelname.lower()
+    return True

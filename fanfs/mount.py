@@ -1,0 +1,272 @@
+"""`fanfs mount PACK MOUNTPOINT`: lifecycle of one mount daemon.
+
+Steps, each a function: validate the mountpoint and the pack (before anything is mounted,
+so errors are one line and an exit code); fork the daemon (before any thread exists) unless
+`-f`; `pyfuse3.init`; tell the waiting parent the mount is ready; run `pyfuse3.main` in a
+nursery with the signal handler, the partition preloader and the read-ahead tuner; unmount
+cleanly on SIGINT/SIGTERM/fusermount -u. A crash leaves the mount dead (ENOTCONN) rather than
+silently showing the empty mountpoint; `fanfs umount` clears it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fanfs._sizes import format_size, parse_size
+from fanfs.errors import FanfsError, MountSetupError
+from fanfs.format.reader import PackReader
+from fanfs.logsetup import setup_logging
+from fanfs.mountinfo import find_mount
+
+log = logging.getLogger(__name__)
+
+# Kernel read-ahead for the mount, in KiB: files of 1 MiB and more then arrive in one READ
+# instead of eight (DESIGN.md section 4).
+READ_AHEAD_KB: Final = 1024
+# Preload (fault into memory) the partitions at mount when they fit in this share of the
+# node's available memory; otherwise they are read on demand in worker threads.
+PRELOAD_MEMORY_SHARE: Final = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    pack: str
+    mountpoint: str
+    foreground: bool = False
+    options: tuple[str, ...] = ()
+    logfile: str | None = None
+    debug: bool = False
+    cache_bytes: int = 256 * 1024 * 1024
+    preload: str = "auto"
+    noopen: bool = True
+    thread_limit: int = 8
+
+
+def config_from_args(args: argparse.Namespace) -> MountConfig:
+    options = tuple(o for group in args.options for o in group.split(",") if o)
+    return MountConfig(
+        pack=os.path.abspath(args.pack),
+        mountpoint=os.path.abspath(args.mountpoint),
+        foreground=args.foreground,
+        options=options,
+        logfile=args.log,
+        debug=args.debug,
+        cache_bytes=parse_size(args.cache_size),
+        preload=args.preload,
+        noopen=args.noopen,
+    )
+
+
+def check_mountpoint(path: str) -> None:
+    """Refuse a missing, non-directory, already mounted or non-empty mountpoint."""
+    if find_mount(path) is not None:
+        raise MountSetupError("%s is already a mount point (unmount it first: fanfs umount %s)" % (path, path))
+    try:
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        raise MountSetupError("mountpoint %s does not exist" % path) from None
+    except NotADirectoryError:
+        raise MountSetupError("mountpoint %s is not a directory" % path) from None
+    except OSError as exc:
+        raise MountSetupError("cannot use mountpoint %s: %s" % (path, exc.strerror)) from exc
+    if entries:
+        raise MountSetupError("mountpoint %s is not empty" % path)
+
+
+def _import_pyfuse3() -> Any:
+    try:
+        import pyfuse3
+    except ImportError as exc:
+        raise MountSetupError("pyfuse3 is not installed (%s); run tools/setup.sh" % exc) from exc
+    if not os.path.exists("/dev/fuse"):
+        raise MountSetupError("/dev/fuse does not exist: FUSE is not available on this machine")
+    return pyfuse3
+
+
+def _default_logfile(mountpoint: str) -> str:
+    directory = "/tmp/fanfs-%d" % os.getuid()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, "mount%s.log" % mountpoint.replace("/", "-"))
+
+
+def mount_from_args(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    check_mountpoint(config.mountpoint)
+    reader = PackReader(config.pack)
+    pyfuse3 = _import_pyfuse3()
+    if config.foreground:
+        setup_logging(debug=config.debug, logfile=config.logfile)
+        return serve(reader, config, pyfuse3, on_ready=lambda: None)
+    logfile = config.logfile or _default_logfile(config.mountpoint)
+    return _daemonize(reader, config, pyfuse3, logfile)
+
+
+def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: str) -> int:
+    """Fork; the parent returns once the child has mounted (or failed, with its message)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as pipe:
+            status = pipe.read().decode(errors="replace")
+        if status.startswith("ok"):
+            return 0
+        code, _, message = status.partition(" ")
+        if not code.isdigit():
+            message, code = "the mount daemon died during start-up; see %s" % logfile, "4"
+        print("fanfs mount: error: %s" % message.strip(), file=sys.stderr)
+        return int(code)
+    os.close(read_fd)
+    os.setsid()
+    code = 1
+    try:
+        setup_logging(debug=config.debug, logfile=logfile)
+        _detach_stdio()
+
+        def ready() -> None:
+            os.write(write_fd, b"ok\n")
+            os.close(write_fd)
+
+        code = serve(reader, config, pyfuse3, on_ready=ready)
+    except FanfsError as exc:
+        log.error("%s", exc)
+        _report(write_fd, exc.exit_code, str(exc))
+        code = exc.exit_code
+    except BaseException as exc:
+        log.exception("mount daemon failed")
+        _report(write_fd, 1, "internal error: %s (see %s)" % (exc, logfile))
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _report(write_fd: int, code: int, message: str) -> None:
+    try:
+        os.write(write_fd, ("%d %s\n" % (code, message)).encode())
+        os.close(write_fd)
+    except OSError:
+        pass  # already reported ready; the error is in the log
+
+
+def _detach_stdio() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
+    options = set(pyfuse3.default_options) | {"ro", "subtype=fanfs"}
+    if not any(o.startswith("fsname=") for o in config.options):
+        options.add("fsname=fanfs")
+    options.update(o for o in config.options if o not in ("rw",))
+    return options
+
+
+def _preload_wanted(reader: PackReader, config: MountConfig) -> bool:
+    if config.preload != "auto":
+        return config.preload == "yes"
+    total = sum(p["size"] for p in reader.partitions)
+    return total <= _available_memory() * PRELOAD_MEMORY_SHARE
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any) -> int:
+    """Mount, serve until unmounted or signalled, unmount. Returns the exit status."""
+    import trio
+
+    from fanfs.operations import Operations
+    from fanfs.store import ChunkStore
+
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    store = ChunkStore(reader, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
+    noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
+    totals = reader.manifest.get("totals", {})
+    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen,
+            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
+    ops = Operations(store, noopen=noopen, info=info)
+    try:
+        pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
+    except RuntimeError as exc:
+        raise MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc)) from exc
+    log.info("mounted %s at %s (%d files, %s, no-open mode %s)", config.pack, config.mountpoint,
+             info["files"], format_size(info["bytes_in"]), "on" if noopen else "off")
+    on_ready()
+    try:
+        trio.run(_main, pyfuse3, store, config, _preload_wanted(reader, config))
+    except BaseException:
+        log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
+        pyfuse3.close(unmount=False)
+        raise
+    pyfuse3.close(unmount=True)
+    log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
+    return 0
+
+
+async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool) -> None:
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_handle_signals, pyfuse3)
+        nursery.start_soon(_tune_read_ahead, config.mountpoint)
+        if preload:
+            nursery.start_soon(_preload, store)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _handle_signals(pyfuse3: Any) -> None:
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+async def _preload(store: Any) -> None:
+    import trio
+
+    stop = threading.Event()
+    try:
+        loaded = await trio.to_thread.run_sync(store.preload, stop, abandon_on_cancel=True)
+        log.info("preloaded %s of partitions into memory", format_size(loaded))
+    except OSError as exc:
+        log.warning("preloading partitions failed (%s); serving from disk", exc)
+    finally:
+        stop.set()
+
+
+async def _tune_read_ahead(mountpoint: str) -> None:
+    import trio
+
+    def tune() -> None:
+        dev = os.stat(mountpoint).st_dev
+        path = "/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(dev), os.minor(dev))
+        with open(path, "w") as f:
+            f.write(str(READ_AHEAD_KB))
+
+    try:
+        await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
+    except OSError as exc:
+        log.debug("cannot raise read-ahead of %s: %s", mountpoint, exc)

@@ -1,0 +1,49 @@
+"""Read /proc/self/mountinfo: which paths are mounted, and as what.
+
+`os.path.ismount` misreports dead FUSE mounts both ways (STYLE.md A8.1); this does not.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MountEntry:
+    mountpoint: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounts() -> list[MountEntry]:
+    entries = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            entries.append(MountEntry(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+    return entries
+
+
+def find_mount(path: str) -> MountEntry | None:
+    """The mount whose mountpoint is exactly `path` (resolved without touching it), or None."""
+    target = os.path.abspath(path)
+    found = None
+    for entry in mounts():
+        if entry.mountpoint == target:
+            found = entry  # the last one listed is on top
+    return found

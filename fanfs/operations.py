@@ -1,0 +1,343 @@
+"""`Operations`: the FUSE request handlers of a read-only fanfs mount.
+
+One short method per request; the `_boundary` decorator is the only place where errors
+become errnos: `FanfsError` -> its `fuse_errno` (logged once per message), any other
+exception -> EIO with one traceback per (operation, exception type), so a bug in one request
+never ends the mount (an escaping exception would, STYLE.md A8.1).
+
+Inode numbers are entry ids + 1 (the root entry 0 is pyfuse3.ROOT_INODE). File handles are
+inode numbers too, which is what lets `read()` work unchanged in the kernel's no-open mode
+(patched pyfuse3 passes the inode when the kernel sends fh=0, see tools/pyfuse3/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, ParamSpec, TypeVar
+
+import numpy as np
+import pyfuse3
+from pyfuse3 import FUSEError
+
+from fanfs.errors import FanfsError
+from fanfs.format.layout import NAME_MAX
+from fanfs.logsetup import LOG_ONCE
+from fanfs.store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+# The pack is immutable while mounted, so the kernel may cache names, attributes and
+# negative lookups for as long as it likes; short timeouts cost a LOOKUP and several GETATTRs
+# per open (2.3x slower, DESIGN.md section 4).
+CACHE_TIMEOUT_S: Final = 24 * 3600.0
+# st_blksize and f_bsize: large, so buffered readers and `cp` ask in big reads.
+BLOCK_SIZE: Final = 128 * 1024
+XATTR_PREFIX: Final = b"user.fanfs."
+FILE_XATTRS: Final = (b"user.fanfs.codec", b"user.fanfs.stored_size", b"user.fanfs.chunks", b"user.fanfs.partitions")
+ROOT_XATTRS: Final = (b"user.fanfs.stats", b"user.fanfs.pack", b"user.fanfs.pid", b"user.fanfs.version")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _boundary(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except FUSEError:
+            raise
+        except FanfsError as exc:
+            log.error("%s", exc, extra=LOG_ONCE)
+            _ERRORS[0] += 1
+            raise FUSEError(exc.fuse_errno) from None
+        except Exception as exc:
+            _ERRORS[1] += 1
+            if (name, type(exc)) not in _LOGGED_BUGS:
+                _LOGGED_BUGS.add((name, type(exc)))
+                log.exception("internal error in %s (the reader gets EIO):", name)
+            raise FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+# Error counters shared by all handlers: [data errors, internal errors]. Module state is
+# acceptable here: one mount per process.
+_ERRORS = [0, 0]
+_LOGGED_BUGS: set[tuple[str, type[BaseException]]] = set()
+
+
+class Operations(pyfuse3.Operations):
+    """Read-only view of one pack. Every write intent gets EROFS (the mount is also `ro`,
+    so the kernel refuses most of them before asking)."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, store: ChunkStore, *, noopen: bool, info: dict[str, Any]) -> None:
+        super().__init__()
+        self.store = store
+        self.index = store.index
+        self.chunk_size = store.chunk_size
+        self.noopen = noopen
+        self.info = info
+        self.uid = os.getuid()
+        self.gid = os.getgid()
+        nlink = self.index.subdir_counts().astype(np.uint32) + 2
+        self._nlink = memoryview(nlink).cast("B").cast("I")
+        self.read_count = 0
+        self.read_bytes = 0
+        self.lookup_count = 0
+
+    def statistics(self) -> dict[str, Any]:
+        stats = dict(self.info)
+        stats.update(
+            reads=self.read_count,
+            read_bytes=self.read_bytes,
+            lookups=self.lookup_count,
+            data_errors=_ERRORS[0],
+            internal_errors=_ERRORS[1],
+        )
+        stats.update(dataclasses.asdict(self.store.statistics()))
+        return stats
+
+    def _entry(self, inode: int) -> int:
+        entry = inode - 1
+        if not 0 <= entry < self.index.entry_count:
+            raise FUSEError(errno.ENOENT)
+        return entry
+
+    def _attr(self, entry: int) -> pyfuse3.EntryAttributes:
+        index = self.index
+        attr = pyfuse3.EntryAttributes()
+        mode = index.mode[entry]
+        size = index.size[entry]
+        mtime = index.mtime_ns[entry]
+        attr.st_ino = entry + 1
+        attr.st_mode = mode
+        attr.st_nlink = self._nlink[entry] if stat.S_ISDIR(mode) else 1
+        attr.st_uid = self.uid
+        attr.st_gid = self.gid
+        attr.st_size = size
+        attr.st_blksize = BLOCK_SIZE
+        attr.st_blocks = (size + 511) // 512
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime
+        attr.entry_timeout = attr.attr_timeout = CACHE_TIMEOUT_S
+        return attr
+
+    def _dir(self, inode: int) -> int:
+        entry = self._entry(inode)
+        if not stat.S_ISDIR(self.index.mode[entry]):
+            raise FUSEError(errno.ENOTDIR)
+        return entry
+
+    @_boundary
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.lookup_count += 1
+        parent = self._dir(parent_inode)
+        if name == b".":
+            return self._attr(parent)
+        if name == b"..":
+            return self._attr(self.index.parent[parent])
+        if len(name) > NAME_MAX:
+            raise FUSEError(errno.ENAMETOOLONG)
+        entry = self.index.lookup(parent, name)
+        if entry is None:
+            # A negative entry (st_ino 0) is cached by the kernel for entry_timeout: loaders
+            # probe many names that do not exist.
+            miss = pyfuse3.EntryAttributes()
+            miss.st_ino = 0
+            miss.entry_timeout = CACHE_TIMEOUT_S
+            return miss
+        return self._attr(entry)
+
+    @_boundary
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._attr(self._entry(inode))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        # Nothing to free: inodes are index rows, not objects.
+        return None
+
+    @_boundary
+    async def readlink(self, inode: int, ctx: Any = None) -> bytes:
+        entry = self._entry(inode)
+        if not stat.S_ISLNK(self.index.mode[entry]):
+            raise FUSEError(errno.EINVAL)
+        return self.index.symlink_target(entry)
+
+    @_boundary
+    async def opendir(self, inode: int, ctx: Any = None) -> int:
+        self._dir(inode)
+        return inode
+
+    @_boundary
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        index = self.index
+        entry = fh - 1
+        first = index.first[entry]
+        for i in range(start_id, index.count[entry]):
+            child = first + i
+            if not pyfuse3.readdir_reply(token, index.name(child), self._attr(child), i + 1):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @_boundary
+    async def open(self, inode: int, flags: int, ctx: Any = None) -> pyfuse3.FileInfo:
+        entry = self._entry(inode)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise FUSEError(errno.EROFS)
+        if stat.S_ISDIR(self.index.mode[entry]):
+            raise FUSEError(errno.EISDIR)
+        if self.noopen:
+            # ENOSYS switches the kernel to no-open mode: no OPEN/RELEASE from now on, page
+            # cache kept, READ arrives with fh=0 and patched pyfuse3 passes the inode.
+            raise FUSEError(errno.ENOSYS)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    @_boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        entry = fh - 1
+        index = self.index
+        fsize = index.size[entry]
+        self.read_count += 1
+        if off >= fsize or size <= 0:
+            if stat.S_ISDIR(index.mode[entry]):
+                raise FUSEError(errno.EISDIR)
+            return b""
+        end = min(off + size, fsize)
+        self.read_bytes += end - off
+        cs = self.chunk_size
+        first = off // cs
+        last = (end - 1) // cs
+        if first == last:
+            base = first * cs
+            whole = off == base and end == min(base + cs, fsize)
+            data = await self.store.chunk(entry, first, whole=whole)
+            return data if whole else memoryview(data)[off - base : end - base]
+        parts = []
+        for k in range(first, last + 1):
+            base = k * cs
+            data = await self.store.chunk(entry, k, whole=False)
+            parts.append(memoryview(data)[max(off, base) - base : min(end, base + cs) - base])
+        return b"".join(parts)
+
+    async def flush(self, fh: int) -> None:
+        # ENOSYS once switches FLUSH off for the whole mount (+40% warm, DESIGN.md section 4).
+        raise FUSEError(errno.ENOSYS)
+
+    async def release(self, fh: int) -> None:
+        return None
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        return None
+
+    @_boundary
+    async def statfs(self, ctx: Any = None) -> pyfuse3.StatvfsData:
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = st.f_frsize = BLOCK_SIZE
+        st.f_blocks = (int(self.info.get("bytes_in", 0)) + BLOCK_SIZE - 1) // BLOCK_SIZE
+        st.f_bfree = st.f_bavail = 0
+        st.f_files = self.index.entry_count
+        st.f_ffree = st.f_favail = 0
+        st.f_namemax = NAME_MAX
+        return st
+
+    @_boundary
+    async def access(self, inode: int, mode: int, ctx: Any = None) -> bool:
+        self._entry(inode)
+        if mode & os.W_OK:
+            raise FUSEError(errno.EROFS)
+        return True
+
+    def _xattr_names(self, entry: int) -> tuple[bytes, ...]:
+        names: tuple[bytes, ...] = ()
+        if stat.S_ISREG(self.index.mode[entry]):
+            names += FILE_XATTRS
+        if entry == 0:
+            names += ROOT_XATTRS
+        return names
+
+    @_boundary
+    async def listxattr(self, inode: int, ctx: Any = None) -> Sequence[bytes]:
+        return self._xattr_names(self._entry(inode))
+
+    @_boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
+        entry = self._entry(inode)
+        if name not in self._xattr_names(entry):
+            raise FUSEError(pyfuse3.ENOATTR)
+        return self._xattr_value(entry, name[len(XATTR_PREFIX) :]).encode()
+
+    def _xattr_value(self, entry: int, key: bytes) -> str:
+        index = self.index
+        chunks = range(index.first[entry], index.first[entry] + index.count[entry])
+        if key == b"codec":
+            from fanfs.compression import CODEC_NAMES
+
+            return ",".join(sorted({CODEC_NAMES.get(index.chunk_codec[c], "?") for c in chunks})) or "none"
+        if key == b"stored_size":
+            return str(sum(index.chunk_csize[c] for c in chunks))
+        if key == b"chunks":
+            return str(len(chunks))
+        if key == b"partitions":
+            return ",".join(str(p) for p in sorted({index.chunk_partition[c] for c in chunks}))
+        if key == b"stats":
+            return json.dumps(self.statistics(), sort_keys=True)
+        if key == b"pid":
+            return str(os.getpid())
+        if key == b"version":
+            from fanfs import __version__
+
+            return __version__
+        return str(self.info.get("pack", ""))
+
+    # Every write intent is refused; the `ro` mount option makes the kernel refuse most of
+    # them itself, these cover the rest (and mounts with -o rw).
+    async def setattr(self, *_: Any) -> pyfuse3.EntryAttributes:
+        raise FUSEError(errno.EROFS)
+
+    async def mknod(self, *_: Any) -> pyfuse3.EntryAttributes:
+        raise FUSEError(errno.EROFS)
+
+    async def mkdir(self, *_: Any) -> pyfuse3.EntryAttributes:
+        raise FUSEError(errno.EROFS)
+
+    async def symlink(self, *_: Any) -> pyfuse3.EntryAttributes:
+        raise FUSEError(errno.EROFS)
+
+    async def link(self, *_: Any) -> pyfuse3.EntryAttributes:
+        raise FUSEError(errno.EROFS)
+
+    async def create(self, *_: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        raise FUSEError(errno.EROFS)
+
+    async def unlink(self, *_: Any) -> None:
+        raise FUSEError(errno.EROFS)
+
+    async def rmdir(self, *_: Any) -> None:
+        raise FUSEError(errno.EROFS)
+
+    async def rename(self, *_: Any) -> None:
+        raise FUSEError(errno.EROFS)
+
+    async def write(self, *_: Any) -> int:
+        raise FUSEError(errno.EROFS)
+
+    async def setxattr(self, *_: Any) -> None:
+        raise FUSEError(errno.EROFS)
+
+    async def removexattr(self, *_: Any) -> None:
+        raise FUSEError(errno.EROFS)

@@ -1,0 +1,211 @@
+"""`ChunkStore`: decoded bytes of a file's chunks, for the FUSE read path.
+
+Owns the decision of where a chunk is decoded: inline on the trio thread when its partition is
+resident in memory and the chunk is small (a thread hand-off costs more than the decode,
+DESIGN.md section 4), otherwise in a worker thread under a `CapacityLimiter` (cold disk,
+large chunks). Verifies every stored chunk's crc32 before decoding; a chunk that fails once
+is remembered as broken and fails again at once without new I/O. Keeps a small byte-budgeted
+LRU of decoded chunks for reads that cover only part of a chunk (the kernel asks for a large
+file 128 KiB to 1 MiB at a time).
+
+Never raises FUSEError and never logs failures: it raises `CorruptDataError` with the file
+named, and operations.py translates and logs once. Sync methods are O(1); `chunk()` is async
+and a checkpoint only when it has to go to a thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from fanfs.compression import CODEC_NONE, decompress
+from fanfs.errors import ChecksumError, CorruptDataError
+from fanfs.format.reader import PackReader
+
+log = logging.getLogger(__name__)
+
+# Largest chunk decoded on the trio thread. 256 KiB of zstd decodes in about 250 us here,
+# about what a thread hand-off costs; larger chunks go to a worker thread.
+INLINE_MAX_BYTES: Final = 256 * 1024
+# Pages per madvise/touch step while preloading partitions.
+PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
+MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    chunk_reads: int
+    inline_decodes: int
+    thread_decodes: int
+    cache_hits: int
+    cache_bytes: int
+    bytes_decoded: int
+    corrupt_chunks: int
+    resident_partitions: int
+    partitions: int
+
+
+class ChunkStore:
+    """Decoded chunks of a `PackReader`'s files. One instance per mount; trio thread only,
+    except `preload()`, which runs in its own thread."""
+
+    def __init__(self, reader: PackReader, *, cache_bytes: int, thread_limit: int) -> None:
+        self.reader = reader
+        self.index = reader.index
+        self.chunk_size = reader.chunk_size
+        self._limiter = trio.CapacityLimiter(thread_limit)
+        self._resident = [reader.partition_map(n) is None for n in range(len(reader.partitions))]
+        self._broken: dict[int, CorruptDataError] = {}
+        self._cache: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
+        self._cache_budget = cache_bytes
+        self._cache_bytes = 0
+        self._inflight: dict[int, trio.Event] = {}
+        self._counts = collections.Counter[str]()
+
+    def statistics(self) -> StoreStatistics:
+        c = self._counts
+        return StoreStatistics(
+            chunk_reads=c["chunk_reads"],
+            inline_decodes=c["inline"],
+            thread_decodes=c["thread"],
+            cache_hits=c["cache_hits"],
+            cache_bytes=self._cache_bytes,
+            bytes_decoded=c["bytes_decoded"],
+            corrupt_chunks=len(self._broken),
+            resident_partitions=sum(self._resident),
+            partitions=len(self._resident),
+        )
+
+    async def chunk(self, entry: int, chunk_no: int, *, whole: bool) -> bytes | memoryview:
+        """Decoded bytes of chunk `chunk_no` of file `entry`.
+
+        Args:
+            whole: the caller needs the whole chunk now, so caching it would not help.
+
+        Raises:
+            CorruptDataError: checksum mismatch or undecodable data (also on every later
+                call for the same chunk, without new I/O).
+        """
+        cid = self.index.first[entry] + chunk_no
+        self._counts["chunk_reads"] += 1
+        data = self._cache.get(cid)
+        if data is not None:
+            self._cache.move_to_end(cid)
+            self._counts["cache_hits"] += 1
+            return data
+        broken = self._broken.get(cid)
+        if broken is not None:
+            raise broken
+        usize = min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
+        if self._resident[self.index.chunk_partition[cid]] and usize <= INLINE_MAX_BYTES:
+            self._counts["inline"] += 1
+            data = self._decode(entry, cid, self.reader.stored_view(cid), usize)
+        else:
+            data = await self._decode_in_thread(entry, cid, usize)
+        if not whole and self.index.chunk_codec[cid] != CODEC_NONE:
+            self._insert(cid, data)
+        return data
+
+    async def _decode_in_thread(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+        # Single flight: concurrent readers of one chunk (N loader workers, kernel read-ahead)
+        # wait for the first one's decode instead of repeating it.
+        event = self._inflight.get(cid)
+        if event is not None:
+            await event.wait()
+            return await self.chunk_by_id(entry, cid, usize)
+        event = self._inflight[cid] = trio.Event()
+        try:
+            self._counts["thread"] += 1
+            data = await trio.to_thread.run_sync(self._load_and_decode, entry, cid, usize, limiter=self._limiter)
+            self._insert(cid, data)
+            return data
+        finally:
+            del self._inflight[cid]
+            event.set()
+
+    async def chunk_by_id(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+        data = self._cache.get(cid)
+        if data is not None:
+            return data
+        broken = self._broken.get(cid)
+        if broken is not None:
+            raise broken
+        return await self._decode_in_thread(entry, cid, usize)
+
+    def _load_and_decode(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+        if self._resident[self.index.chunk_partition[cid]]:
+            stored: bytes | memoryview = self.reader.stored_view(cid)
+        else:
+            try:
+                stored = self.reader.read_stored(cid)
+            except OSError as exc:
+                raise CorruptDataError("cannot read %s: %s" % (self._where(entry, cid), exc.strerror)) from exc
+        return self._decode(entry, cid, stored, usize)
+
+    def _decode(self, entry: int, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
+        index = self.index
+        try:
+            if zlib.crc32(stored) != index.chunk_crc32[cid]:
+                raise ChecksumError("checksum mismatch")
+            data = decompress(index.chunk_codec[cid], stored, usize)
+        except CorruptDataError as exc:
+            error = type(exc)("%s in %s" % (exc, self._where(entry, cid)))
+            self._broken[cid] = error
+            raise error from exc
+        self._counts["bytes_decoded"] += usize
+        return data
+
+    def _where(self, entry: int, cid: int) -> str:
+        index = self.index
+        chunk_no = cid - index.first[entry]
+        return "%s (chunk %d, partition %d, offset %d)" % (
+            index.path(entry).decode("utf-8", "backslashreplace"),
+            chunk_no,
+            index.chunk_partition[cid],
+            index.chunk_offset[cid],
+        )
+
+    def _insert(self, cid: int, data: bytes | memoryview) -> None:
+        if cid in self._cache or len(data) > self._cache_budget:
+            return
+        self._cache[cid] = data
+        self._cache_bytes += len(data)
+        while self._cache_bytes > self._cache_budget:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+
+    def preload(self, stop: threading.Event) -> int:
+        """Fault every partition into memory, marking each resident when done. Blocking:
+        run in its own thread. Returns the bytes preloaded."""
+        total = 0
+        for number in range(len(self._resident)):
+            part_map = self.reader.partition_map(number)
+            if part_map is None or self._resident[number]:
+                continue
+            for start in range(0, len(part_map), PRELOAD_STEP_BYTES):
+                if stop.is_set():
+                    return total
+                length = min(PRELOAD_STEP_BYTES, len(part_map) - start)
+                _populate(part_map, start, length)
+            self._resident[number] = True
+            total += len(part_map)
+        return total
+
+
+def _populate(part_map: mmap.mmap, start: int, length: int) -> None:
+    try:
+        part_map.madvise(MADV_POPULATE_READ, start, length)
+    except OSError:
+        # Older kernels: ask for read-ahead, then touch one byte per page to map it.
+        part_map.madvise(mmap.MADV_WILLNEED, start, length)
+        view = memoryview(part_map)[start : start + length]
+        for off in range(0, length, mmap.PAGESIZE):
+            view[off]
+        view.release()
