@@ -1,0 +1,191 @@
+"""Shared fixtures: running the CLI, the edge-case source tree, packs, and real mounts.
+
+Real-mount discipline (STYLE.md B10): every mount runs `fanfs mount -f` in its own process
+and session with `fsname=fanfs-test`; readiness is read from /proc/self/mountinfo (never
+os.path.ismount); teardown unmounts with `fanfs umount` and checks the daemon's exit status,
+and on any failure falls back to SIGUSR1 (stack dump), `fusermount3 -u -z`, terminate, kill.
+A session sweeper removes any fanfs-test mount a crashed run left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.treegen import make_edge_tree
+
+FANFS = [sys.executable, "-m", "fanfs"]
+TEST_FSNAME = "fanfs-test"
+MOUNT_WAIT_S = 20.0
+
+
+def run_fanfs(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would; returns the completed process (never raises on exit code)."""
+    return subprocess.run([*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _mount_entry(mnt: Path) -> str | None:
+    target = str(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == target:
+                return fields[fields.index("-") + 1]
+    return None
+
+
+def _fuse_usable() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 missing"
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        return "pyfuse3 not installed"
+    return None
+
+
+class Mount:
+    """A running `fanfs mount -f` daemon. Use as a context manager."""
+
+    def __init__(self, pack: Path, mnt: Path, *extra: str, log: Path | None = None) -> None:
+        self.pack, self.mnt, self.extra = pack, mnt, extra
+        self.log = log or mnt.parent / (mnt.name + ".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Mount:
+        reason = _fuse_usable()
+        if reason and os.environ.get("CI"):
+            pytest.fail("FUSE tests cannot run in CI: %s" % reason)
+        if reason:
+            pytest.skip(reason)
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        cmd = [*FANFS, "mount", "-f", "--log", str(self.log), "-o", "fsname=" + TEST_FSNAME,
+               *self.extra, str(self.pack), str(self.mnt)]
+        self.proc = subprocess.Popen(cmd, start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._kill()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline, step = time.monotonic() + MOUNT_WAIT_S, 0.01
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail("fanfs mount exited with %s:\n%s" % (self.proc.returncode, self.log_text()))
+            if _mount_entry(self.mnt) == "fuse.fanfs":
+                with contextlib.suppress(OSError):
+                    os.statvfs(self.mnt)
+                    return
+            time.sleep(step)
+            step = min(step * 2, 0.5)
+        pytest.fail("mount did not appear within %ds:\n%s" % (MOUNT_WAIT_S, self.log_text()))
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def log_lines(self, level: str) -> list[str]:
+        return [line for line in self.log_text().splitlines() if " %s " % level in line]
+
+    def unmount(self) -> None:
+        """The happy path: `fanfs umount`, then the daemon must exit 0 and the mount be gone."""
+        assert self.proc is not None
+        result = run_fanfs("umount", self.mnt)
+        assert result.returncode == 0, result.stderr
+        assert self.proc.wait(10) == 0
+        assert _mount_entry(self.mnt) is None
+        self.proc = None
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR1)
+        if _mount_entry(self.mnt) is not None:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None and self.proc is not None:
+            try:
+                self.unmount()
+                return
+            except BaseException:
+                self._kill()
+                raise
+        self._kill()
+
+
+def _sweep_stale_mounts(base: Path) -> None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mountpoint, source = fields[4], fields[fields.index("-") + 2]
+            if source == TEST_FSNAME and mountpoint.startswith(str(base)):
+                subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stale_mount_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    base = tmp_path_factory.getbasetemp()
+    _sweep_stale_mounts(base.parent)
+    yield
+    _sweep_stale_mounts(base.parent)
+
+
+@pytest.fixture(scope="session")
+def edge_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A source tree full of edge cases (see tests/treegen.py)."""
+    root = tmp_path_factory.mktemp("edge") / "src"
+    make_edge_tree(root, chunk_size=TEST_CHUNK_SIZE)
+    return root
+
+
+# Small chunks so that chunk-boundary cases need only small files.
+TEST_CHUNK_SIZE = 64 * 1024
+
+
+@pytest.fixture(scope="session")
+def edge_pack(edge_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packs") / "edge.fan"
+    result = run_fanfs("pack", edge_tree, out, "-q", "--chunk-size", str(TEST_CHUNK_SIZE))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture
+def mount_factory(tmp_path: Path) -> Iterator[object]:
+    """Returns `mount(pack, *extra_args) -> Mount` (entered); all are torn down at the end."""
+    stack = contextlib.ExitStack()
+
+    def mount(pack: Path, *extra: str, name: str = "mnt") -> Mount:
+        return stack.enter_context(Mount(pack, tmp_path / name, *extra))
+
+    with stack:
+        yield mount
+
+
+@pytest.fixture(scope="module")
+def edge_mount(edge_pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """One shared mount of the edge pack for read-only checks (mounting costs a second)."""
+    with Mount(edge_pack, tmp_path_factory.mktemp("edge-mnt") / "mnt") as mount:
+        yield mount
