@@ -50,6 +50,8 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--cache-size", default="256MiB", help="decoded-chunk cache for large files (default 256MiB)")
     p.add_argument("--preload", choices=("auto", "yes", "no"), default="auto",
                    help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
+    p.add_argument("--processes", type=int, default=0, metavar="N",
+                   help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)")
     p.add_argument("--no-noopen", dest="noopen", action="store_false",
                    help="do not use the kernel's no-open mode even with the patched pyfuse3")
     p.set_defaults(func=_cmd_mount)

@@ -45,6 +45,10 @@ class DecompressionError(CorruptDataError):
     """A codec rejected a stored object, or it decoded to the wrong size."""
 
 
+class KnownCorruptError(CorruptDataError):
+    """Corrupt data that was already reported (logged) once for this mount."""
+
+
 class PackFormatError(CorruptDataError):
     """A pack is missing, truncated, or not a fanfs pack."""
 

@@ -11,12 +11,15 @@ silently showing the empty mountpoint; `fanfs umount` clears it.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
+import fcntl
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -25,6 +28,7 @@ from fanfs.errors import FanfsError, MountSetupError
 from fanfs.format.reader import PackReader
 from fanfs.logsetup import setup_logging
 from fanfs.mountinfo import find_mount
+from fanfs.shared import SharedState
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,12 @@ READ_AHEAD_KB: Final = 1024
 # Preload (fault into memory) the partitions at mount when they fit in this share of the
 # node's available memory; otherwise they are read on demand in worker threads.
 PRELOAD_MEMORY_SHARE: Final = 0.5
+# Serving processes by default: two use both cores of a small node and most of the gain on a
+# large one (each process is one trio thread; DESIGN.md section 4).
+DEFAULT_PROCESSES: Final = 2
+# How long the first process waits for the others to exit after the unmount.
+REAP_WAIT_S: Final = 5.0
+PR_SET_PDEATHSIG: Final = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,7 @@ class MountConfig:
     preload: str = "auto"
     noopen: bool = True
     thread_limit: int = 8
+    processes: int = 0  # 0: DEFAULT_PROCESSES, bounded by the CPU count
 
 
 def config_from_args(args: argparse.Namespace) -> MountConfig:
@@ -62,6 +73,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         cache_bytes=parse_size(args.cache_size),
         preload=args.preload,
         noopen=args.noopen,
+        processes=args.processes,
     )
 
 
@@ -126,34 +138,35 @@ def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: s
         return int(code)
     os.close(read_fd)
     os.setsid()
+    pipe = [write_fd]  # emptied once the parent has been told; the fd number is then reused
     code = 1
     try:
         setup_logging(debug=config.debug, logfile=logfile)
         _detach_stdio()
 
         def ready() -> None:
-            os.write(write_fd, b"ok\n")
+            os.write(pipe.pop(), b"ok\n")
             os.close(write_fd)
 
         code = serve(reader, config, pyfuse3, on_ready=ready)
     except FanfsError as exc:
         log.error("%s", exc)
-        _report(write_fd, exc.exit_code, str(exc))
+        _report(pipe, exc.exit_code, str(exc))
         code = exc.exit_code
     except BaseException as exc:
         log.exception("mount daemon failed")
-        _report(write_fd, 1, "internal error: %s (see %s)" % (exc, logfile))
+        _report(pipe, 1, "internal error: %s (see %s)" % (exc, logfile))
     finally:
         logging.shutdown()
         os._exit(code)
 
 
-def _report(write_fd: int, code: int, message: str) -> None:
-    try:
-        os.write(write_fd, ("%d %s\n" % (code, message)).encode())
-        os.close(write_fd)
-    except OSError:
-        pass  # already reported ready; the error is in the log
+def _report(pipe: list[int], code: int, message: str) -> None:
+    """Tell the waiting parent why start-up failed (unless it was already told "ok")."""
+    if pipe:
+        fd = pipe.pop()
+        os.write(fd, ("%d %s\n" % (code, message)).encode())
+        os.close(fd)
 
 
 def _detach_stdio() -> None:
@@ -189,8 +202,25 @@ def _available_memory() -> int:
     return 0
 
 
+def serving_processes(pyfuse3: Any, config: MountConfig) -> int:
+    """How many processes serve the mount: several need pyfuse3 with fanfs patch level 2."""
+    if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) < 2:
+        if config.processes not in (0, 1):
+            log.warning("serving with 1 process: pyfuse3 lacks the fanfs patch (run tools/setup.sh)")
+        return 1
+    if config.processes:
+        return config.processes
+    return max(1, min(DEFAULT_PROCESSES, os.cpu_count() or 1))
+
+
 def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any) -> int:
-    """Mount, serve until unmounted or signalled, unmount. Returns the exit status."""
+    """Mount, serve until unmounted or signalled, unmount. Returns the exit status.
+
+    With several serving processes, the first runs the INIT handshake alone, then forks the
+    others; all of them then read requests from the same (non-blocking) /dev/fuse fd, and the
+    kernel hands each request to whichever is free. The first process preloads, owns the
+    unmount, and reaps the others; they die with it (PR_SET_PDEATHSIG).
+    """
     import trio
 
     from fanfs.operations import Operations
@@ -198,36 +228,102 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
 
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    store = ChunkStore(reader, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
+    processes = serving_processes(pyfuse3, config)
+    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
+    store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
     noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
     totals = reader.manifest.get("totals", {})
-    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen,
+    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
             "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
     ops = Operations(store, noopen=noopen, info=info)
     try:
         pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
     except RuntimeError as exc:
         raise MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc)) from exc
-    log.info("mounted %s at %s (%d files, %s, no-open mode %s)", config.pack, config.mountpoint,
-             info["files"], format_size(info["bytes_in"]), "on" if noopen else "off")
+    log.info("mounted %s at %s (%d files, %s, %d serving processes, no-open mode %s)", config.pack,
+             config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
     on_ready()
+    slot, children = 0, []
     try:
-        trio.run(_main, pyfuse3, store, config, _preload_wanted(reader, config))
+        if processes > 1:
+            trio.run(_handshake, pyfuse3, ops)
+            fd = pyfuse3.fanfs_session_fd()
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+            slot, children = _fork_servers(processes)
+            shared.use_slot(slot)
+            pyfuse3.fanfs_session_reset()
+        trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0)
     except BaseException:
         log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
         pyfuse3.close(unmount=False)
+        if slot:
+            os._exit(1)
         raise
+    if slot:
+        pyfuse3.close(unmount=False)
+        os._exit(0)
     pyfuse3.close(unmount=True)
+    _reap(children)
     log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
     return 0
 
 
-async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool) -> None:
+async def _handshake(pyfuse3: Any, ops: Any) -> None:
+    """Serve until libfuse has answered INIT (it then calls ops.init()), then stop."""
+    import trio
+
+    async def stop_when_initialized() -> None:
+        while not ops.initialized:
+            await trio.sleep(0.001)
+        pyfuse3.terminate()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_when_initialized)
+        await pyfuse3.main()
+
+
+def _fork_servers(processes: int) -> tuple[int, list[int]]:
+    """Fork processes-1 servers; returns (this process's slot, pids of the forked ones)."""
+    parent = os.getpid()
+    children = []
+    for slot in range(1, processes):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent(parent)
+            return slot, []
+        children.append(pid)
+    return 0, children
+
+
+def _die_with_parent(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _reap(children: list[int]) -> None:
+    """Wait for the other serving processes (the unmount ends them); kill stragglers."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    for pid in children:
+        while True:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)
+
+
+async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, first: bool) -> None:
     import trio
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_handle_signals, pyfuse3)
-        nursery.start_soon(_tune_read_ahead, config.mountpoint)
+        if first:
+            nursery.start_soon(_tune_read_ahead, config.mountpoint)
         if preload:
             nursery.start_soon(_preload, store)
         await pyfuse3.main()

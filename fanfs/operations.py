@@ -12,7 +12,6 @@ inode numbers too, which is what lets `read()` work unchanged in the kernel's no
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import json
@@ -26,7 +25,8 @@ import numpy as np
 import pyfuse3
 from pyfuse3 import FUSEError
 
-from fanfs.errors import FanfsError
+from fanfs import shared as sh
+from fanfs.errors import FanfsError, KnownCorruptError
 from fanfs.format.layout import NAME_MAX
 from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
@@ -57,23 +57,20 @@ def _boundary(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except FUSEError:
             raise
         except FanfsError as exc:
-            log.error("%s", exc, extra=LOG_ONCE)
-            _ERRORS[0] += 1
+            ops: Operations = args[0]  # type: ignore[assignment]
+            ops.shared.counters[sh.DATA_ERRORS] += 1
+            if not isinstance(exc, KnownCorruptError):
+                log.error("%s", exc, extra=LOG_ONCE)
             raise FUSEError(exc.fuse_errno) from None
         except Exception as exc:
-            _ERRORS[1] += 1
-            if (name, type(exc)) not in _LOGGED_BUGS:
-                _LOGGED_BUGS.add((name, type(exc)))
+            ops = args[0]  # type: ignore[assignment]
+            ops.shared.counters[sh.INTERNAL_ERRORS] += 1
+            if (name, type(exc)) not in ops.logged_bugs:
+                ops.logged_bugs.add((name, type(exc)))
                 log.exception("internal error in %s (the reader gets EIO):", name)
             raise FUSEError(errno.EIO) from None
 
     return wrapper
-
-
-# Error counters shared by all handlers: [data errors, internal errors]. Module state is
-# acceptable here: one mount per process.
-_ERRORS = [0, 0]
-_LOGGED_BUGS: set[tuple[str, type[BaseException]]] = set()
 
 
 class Operations(pyfuse3.Operations):
@@ -87,6 +84,10 @@ class Operations(pyfuse3.Operations):
     def __init__(self, store: ChunkStore, *, noopen: bool, info: dict[str, Any]) -> None:
         super().__init__()
         self.store = store
+        self.shared = store.shared
+        self.main_pid = os.getpid()
+        self.initialized = False
+        self.logged_bugs: set[tuple[str, type[BaseException]]] = set()
         self.index = store.index
         self.chunk_size = store.chunk_size
         self.noopen = noopen
@@ -95,20 +96,17 @@ class Operations(pyfuse3.Operations):
         self.gid = os.getgid()
         nlink = self.index.subdir_counts().astype(np.uint32) + 2
         self._nlink = memoryview(nlink).cast("B").cast("I")
-        self.read_count = 0
-        self.read_bytes = 0
-        self.lookup_count = 0
+
+    def init(self) -> None:
+        # Called by libfuse once the INIT handshake is done; mount.py waits for it before
+        # forking further serving processes.
+        self.initialized = True
 
     def statistics(self) -> dict[str, Any]:
+        """Mount-wide counters (all serving processes) plus this process's cache state."""
         stats = dict(self.info)
-        stats.update(
-            reads=self.read_count,
-            read_bytes=self.read_bytes,
-            lookups=self.lookup_count,
-            data_errors=_ERRORS[0],
-            internal_errors=_ERRORS[1],
-        )
-        stats.update(dataclasses.asdict(self.store.statistics()))
+        stats.update(self.shared.totals())
+        stats.update(self.store.statistics())
         return stats
 
     def _entry(self, inode: int) -> int:
@@ -143,7 +141,7 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        self.lookup_count += 1
+        self.shared.counters[sh.LOOKUPS] += 1
         parent = self._dir(parent_inode)
         if name == b".":
             return self._attr(parent)
@@ -212,13 +210,14 @@ class Operations(pyfuse3.Operations):
         entry = fh - 1
         index = self.index
         fsize = index.size[entry]
-        self.read_count += 1
+        counters = self.shared.counters
+        counters[sh.READS] += 1
         if off >= fsize or size <= 0:
             if stat.S_ISDIR(index.mode[entry]):
                 raise FUSEError(errno.EISDIR)
             return b""
         end = min(off + size, fsize)
-        self.read_bytes += end - off
+        counters[sh.READ_BYTES] += end - off
         cs = self.chunk_size
         first = off // cs
         last = (end - 1) // cs
@@ -297,7 +296,7 @@ class Operations(pyfuse3.Operations):
         if key == b"stats":
             return json.dumps(self.statistics(), sort_keys=True)
         if key == b"pid":
-            return str(os.getpid())
+            return str(self.main_pid)
         if key == b"version":
             from fanfs import __version__
 

@@ -20,14 +20,15 @@ import logging
 import mmap
 import threading
 import zlib
-from dataclasses import dataclass
 from typing import Final
 
 import trio
 
+from fanfs import shared as sh
 from fanfs.compression import CODEC_NONE, decompress
-from fanfs.errors import ChecksumError, CorruptDataError
+from fanfs.errors import ChecksumError, CorruptDataError, KnownCorruptError
 from fanfs.format.reader import PackReader
+from fanfs.shared import SharedState
 
 log = logging.getLogger(__name__)
 
@@ -39,49 +40,37 @@ PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
 MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
 
 
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    chunk_reads: int
-    inline_decodes: int
-    thread_decodes: int
-    cache_hits: int
-    cache_bytes: int
-    bytes_decoded: int
-    corrupt_chunks: int
-    resident_partitions: int
-    partitions: int
-
-
 class ChunkStore:
-    """Decoded chunks of a `PackReader`'s files. One instance per mount; trio thread only,
-    except `preload()`, which runs in its own thread."""
+    """Decoded chunks of a `PackReader`'s files, for one serving process of a mount.
 
-    def __init__(self, reader: PackReader, *, cache_bytes: int, thread_limit: int) -> None:
+    Trio thread only, except `preload()`, which runs in its own thread. Counters, resident
+    flags and the corrupt-chunk bitmap live in `shared` (all serving processes see them).
+    """
+
+    def __init__(self, reader: PackReader, shared: SharedState, *, cache_bytes: int, thread_limit: int) -> None:
         self.reader = reader
         self.index = reader.index
         self.chunk_size = reader.chunk_size
+        self.shared = shared
         self._limiter = trio.CapacityLimiter(thread_limit)
-        self._resident = [reader.partition_map(n) is None for n in range(len(reader.partitions))]
+        self._resident = shared.resident
+        for number in range(len(reader.partitions)):
+            if reader.partition_map(number) is None:
+                self._resident[number] = 1
         self._broken: dict[int, CorruptDataError] = {}
         self._cache: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
         self._cache_budget = cache_bytes
         self._cache_bytes = 0
         self._inflight: dict[int, trio.Event] = {}
-        self._counts = collections.Counter[str]()
 
-    def statistics(self) -> StoreStatistics:
-        c = self._counts
-        return StoreStatistics(
-            chunk_reads=c["chunk_reads"],
-            inline_decodes=c["inline"],
-            thread_decodes=c["thread"],
-            cache_hits=c["cache_hits"],
-            cache_bytes=self._cache_bytes,
-            bytes_decoded=c["bytes_decoded"],
-            corrupt_chunks=len(self._broken),
-            resident_partitions=sum(self._resident),
-            partitions=len(self._resident),
-        )
+    def statistics(self) -> dict[str, int]:
+        """This process's cache state and the mount-wide partition residency."""
+        return {
+            "cache_bytes": self._cache_bytes,
+            "cache_entries": len(self._cache),
+            "resident_partitions": sum(self._resident),
+            "partitions": len(self._resident),
+        }
 
     async def chunk(self, entry: int, chunk_no: int, *, whole: bool) -> bytes | memoryview:
         """Decoded bytes of chunk `chunk_no` of file `entry`.
@@ -94,18 +83,17 @@ class ChunkStore:
                 call for the same chunk, without new I/O).
         """
         cid = self.index.first[entry] + chunk_no
-        self._counts["chunk_reads"] += 1
+        counters = self.shared.counters
+        counters[sh.CHUNK_READS] += 1
         data = self._cache.get(cid)
         if data is not None:
             self._cache.move_to_end(cid)
-            self._counts["cache_hits"] += 1
+            counters[sh.CACHE_HITS] += 1
             return data
-        broken = self._broken.get(cid)
-        if broken is not None:
-            raise broken
+        self._check_broken(entry, cid)
         usize = min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
         if self._resident[self.index.chunk_partition[cid]] and usize <= INLINE_MAX_BYTES:
-            self._counts["inline"] += 1
+            counters[sh.INLINE_DECODES] += 1
             data = self._decode(entry, cid, self.reader.stored_view(cid), usize)
         else:
             data = await self._decode_in_thread(entry, cid, usize)
@@ -122,7 +110,7 @@ class ChunkStore:
             return await self.chunk_by_id(entry, cid, usize)
         event = self._inflight[cid] = trio.Event()
         try:
-            self._counts["thread"] += 1
+            self.shared.counters[sh.THREAD_DECODES] += 1
             data = await trio.to_thread.run_sync(self._load_and_decode, entry, cid, usize, limiter=self._limiter)
             self._insert(cid, data)
             return data
@@ -134,10 +122,16 @@ class ChunkStore:
         data = self._cache.get(cid)
         if data is not None:
             return data
+        self._check_broken(entry, cid)
+        return await self._decode_in_thread(entry, cid, usize)
+
+    def _check_broken(self, entry: int, cid: int) -> None:
         broken = self._broken.get(cid)
         if broken is not None:
             raise broken
-        return await self._decode_in_thread(entry, cid, usize)
+        if self.shared.is_broken(cid):
+            # Another serving process found it corrupt and logged it.
+            raise KnownCorruptError("corrupt data in %s" % self._where(entry, cid))
 
     def _load_and_decode(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
         if self._resident[self.index.chunk_partition[cid]]:
@@ -156,10 +150,14 @@ class ChunkStore:
                 raise ChecksumError("checksum mismatch")
             data = decompress(index.chunk_codec[cid], stored, usize)
         except CorruptDataError as exc:
-            error = type(exc)("%s in %s" % (exc, self._where(entry, cid)))
+            error: CorruptDataError = type(exc)("%s in %s" % (exc, self._where(entry, cid)))
+            if self.shared.mark_broken(cid):
+                self.shared.counters[sh.CORRUPT_CHUNKS] += 1
+            else:
+                error = KnownCorruptError(str(error))
             self._broken[cid] = error
             raise error from exc
-        self._counts["bytes_decoded"] += usize
+        self.shared.counters[sh.BYTES_DECODED] += usize
         return data
 
     def _where(self, entry: int, cid: int) -> str:
@@ -194,7 +192,7 @@ class ChunkStore:
                     return total
                 length = min(PRELOAD_STEP_BYTES, len(part_map) - start)
                 _populate(part_map, start, length)
-            self._resident[number] = True
+            self._resident[number] = 1
             total += len(part_map)
         return total
 
