@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -46,7 +47,7 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="FUSE mount options passed through (e.g. allow_other)")
     p.add_argument("--log", default=None, help="log file (default: stderr with -f, else /tmp/fanfs-UID/mount-*.log)")
-    p.add_argument("--debug", action="store_true", help="log every request (slow)")
+    p.add_argument("--debug", action="store_true", help="log at DEBUG level")
     p.add_argument("--cache-size", default="256MiB", help="decoded-chunk cache for large files (default 256MiB)")
     p.add_argument("--preload", choices=("auto", "yes", "no"), default="auto",
                    help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
@@ -145,12 +146,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # fanfs does no linear algebra; a BLAS thread pool would only get in the way of the
     # daemon's fork (it must fork before any thread starts).
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+        os.environ[var] = "1"
     args = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so an interrupted pack removes its temporary directory.
+    signal.signal(signal.SIGTERM, _interrupt)
     from fanfs.logsetup import setup_logging
 
     setup_logging(debug=getattr(args, "debug", False), quiet=getattr(args, "quiet", False))

@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import faulthandler
 import fcntl
+import hashlib
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fanfs._sizes import format_size, parse_size
-from fanfs.errors import FanfsError, MountSetupError
+from fanfs.errors import FanfsError, MountSetupError, UsageError
 from fanfs.format.reader import PackReader
 from fanfs.logsetup import setup_logging
 from fanfs.mountinfo import find_mount
@@ -44,6 +45,7 @@ DEFAULT_PROCESSES: Final = 2
 # How long the first process waits for the others to exit after the unmount.
 REAP_WAIT_S: Final = 5.0
 PR_SET_PDEATHSIG: Final = 1
+MAX_PROCESSES: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class MountConfig:
 
 
 def config_from_args(args: argparse.Namespace) -> MountConfig:
+    if not 0 <= args.processes <= MAX_PROCESSES:
+        raise UsageError("--processes must be between 1 and %d (0: automatic)" % MAX_PROCESSES)
     options = tuple(o for group in args.options for o in group.split(",") if o)
     return MountConfig(
         pack=os.path.abspath(args.pack),
@@ -106,7 +110,8 @@ def _import_pyfuse3() -> Any:
 def _default_logfile(mountpoint: str) -> str:
     directory = "/tmp/fanfs-%d" % os.getuid()
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    return os.path.join(directory, "mount%s.log" % mountpoint.replace("/", "-"))
+    digest = hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:8]
+    return os.path.join(directory, "mount%s-%s.log" % (mountpoint.replace("/", "-"), digest))
 
 
 def mount_from_args(args: argparse.Namespace) -> int:
@@ -202,15 +207,25 @@ def _available_memory() -> int:
     return 0
 
 
+def _enable_faulthandler(config: MountConfig) -> None:
+    """Fatal-signal tracebacks and SIGUSR1 stack dumps go to the log (stderr is /dev/null
+    in a background daemon)."""
+    stream = sys.stderr
+    for handler in logging.getLogger("fanfs").handlers:
+        if isinstance(handler, logging.FileHandler):
+            stream = handler.stream
+    faulthandler.enable(file=stream, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+
+
 def serving_processes(pyfuse3: Any, config: MountConfig) -> int:
     """How many processes serve the mount: several need pyfuse3 with fanfs patch level 2."""
     if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) < 2:
         if config.processes not in (0, 1):
             log.warning("serving with 1 process: pyfuse3 lacks the fanfs patch (run tools/setup.sh)")
         return 1
-    if config.processes:
-        return config.processes
-    return max(1, min(DEFAULT_PROCESSES, os.cpu_count() or 1))
+    cpus = os.cpu_count() or 1
+    return max(1, min(config.processes or DEFAULT_PROCESSES, cpus))
 
 
 def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any) -> int:
@@ -226,8 +241,7 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     from fanfs.operations import Operations
     from fanfs.store import ChunkStore
 
-    faulthandler.enable()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _enable_faulthandler(config)
     processes = serving_processes(pyfuse3, config)
     shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
     store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
@@ -240,7 +254,7 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
         pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
     except RuntimeError as exc:
         raise MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc)) from exc
-    log.info("mounted %s at %s (%d files, %s, %d serving processes, no-open mode %s)", config.pack,
+    log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
              config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
     on_ready()
     slot, children = 0, []
@@ -259,6 +273,9 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
         if slot:
             os._exit(1)
         raise
+    # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if slot:
         pyfuse3.close(unmount=False)
         os._exit(0)

@@ -181,12 +181,17 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        # Offsets: 1 is after ".", 2 after "..", 2 + i + 1 after child i.
         index = self.index
         entry = fh - 1
+        if start_id == 0 and not pyfuse3.readdir_reply(token, b".", self._attr(entry), 1):
+            return
+        if start_id <= 1 and not pyfuse3.readdir_reply(token, b"..", self._attr(index.parent[entry]), 2):
+            return
         first = index.first[entry]
-        for i in range(start_id, index.count[entry]):
+        for i in range(max(start_id - 2, 0), index.count[entry]):
             child = first + i
-            if not pyfuse3.readdir_reply(token, index.name(child), self._attr(child), i + 1):
+            if not pyfuse3.readdir_reply(token, index.name(child), self._attr(child), i + 3):
                 break
 
     async def releasedir(self, fh: int) -> None:

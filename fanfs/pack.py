@@ -356,12 +356,18 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
 def _replace_dir(tmp: str, out: str) -> None:
     """Move the finished pack into place; an existing OUT (already checked) is replaced."""
     if os.path.isdir(out) and not os.path.islink(out) and os.listdir(out):
-        old = out + ".fanfs-old-%d" % os.getpid()
+        old = os.path.join(os.path.dirname(out), ".%s.fanfs-old-%d" % (os.path.basename(out), os.getpid()))
         os.rename(out, old)
         os.rename(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, out)
+    # The rename is durable only once the parent directory is on disk.
+    dir_fd = os.open(os.path.dirname(out), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def check_inputs(opts: PackOptions) -> None:

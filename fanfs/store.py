@@ -25,7 +25,7 @@ from typing import Final
 import trio
 
 from fanfs import shared as sh
-from fanfs.compression import CODEC_NONE, decompress
+from fanfs.compression import decompress
 from fanfs.errors import ChecksumError, CorruptDataError, KnownCorruptError
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
@@ -38,6 +38,17 @@ INLINE_MAX_BYTES: Final = 256 * 1024
 # Pages per madvise/touch step while preloading partitions.
 PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
 MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
+
+
+class _Flight:
+    """One chunk being decoded in a worker thread, and its outcome."""
+
+    __slots__ = ("data", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.data: bytes | memoryview | None = None
+        self.error: CorruptDataError | None = None
 
 
 class ChunkStore:
@@ -61,7 +72,7 @@ class ChunkStore:
         self._cache: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
         self._cache_budget = cache_bytes
         self._cache_bytes = 0
-        self._inflight: dict[int, trio.Event] = {}
+        self._inflight: dict[int, _Flight] = {}
 
     def statistics(self) -> dict[str, int]:
         """This process's cache state and the mount-wide partition residency."""
@@ -79,8 +90,8 @@ class ChunkStore:
             whole: the caller needs the whole chunk now, so caching it would not help.
 
         Raises:
-            CorruptDataError: checksum mismatch or undecodable data (also on every later
-                call for the same chunk, without new I/O).
+            CorruptDataError: checksum mismatch, undecodable data or an I/O error (also on
+                every later call for the same chunk, without new I/O).
         """
         cid = self.index.first[entry] + chunk_no
         counters = self.shared.counters
@@ -94,36 +105,41 @@ class ChunkStore:
         usize = min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
         if self._resident[self.index.chunk_partition[cid]] and usize <= INLINE_MAX_BYTES:
             counters[sh.INLINE_DECODES] += 1
-            data = self._decode(entry, cid, self.reader.stored_view(cid), usize)
+            try:
+                data = self._decode(cid, self.reader.stored_view(cid), usize)
+            except CorruptDataError as exc:
+                raise self._broken_error(entry, cid, exc) from exc
         else:
             data = await self._decode_in_thread(entry, cid, usize)
-        if not whole and self.index.chunk_codec[cid] != CODEC_NONE:
+        counters[sh.BYTES_DECODED] += usize
+        # Raw chunks of resident partitions are views of the mapping: nothing to cache.
+        if not whole and not isinstance(data, memoryview):
             self._insert(cid, data)
         return data
 
     async def _decode_in_thread(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
         # Single flight: concurrent readers of one chunk (N loader workers, kernel read-ahead)
         # wait for the first one's decode instead of repeating it.
-        event = self._inflight.get(cid)
-        if event is not None:
-            await event.wait()
-            return await self.chunk_by_id(entry, cid, usize)
-        event = self._inflight[cid] = trio.Event()
-        try:
-            self.shared.counters[sh.THREAD_DECODES] += 1
-            data = await trio.to_thread.run_sync(self._load_and_decode, entry, cid, usize, limiter=self._limiter)
-            self._insert(cid, data)
-            return data
-        finally:
-            del self._inflight[cid]
-            event.set()
-
-    async def chunk_by_id(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
-        data = self._cache.get(cid)
-        if data is not None:
-            return data
-        self._check_broken(entry, cid)
-        return await self._decode_in_thread(entry, cid, usize)
+        flight = self._inflight.get(cid)
+        if flight is not None:
+            await flight.done.wait()
+        else:
+            flight = self._inflight[cid] = _Flight()
+            try:
+                self.shared.counters[sh.THREAD_DECODES] += 1
+                flight.data = await trio.to_thread.run_sync(
+                    self._load_and_decode, cid, usize, limiter=self._limiter
+                )
+            except CorruptDataError as exc:
+                flight.error = self._broken_error(entry, cid, exc)
+            finally:
+                del self._inflight[cid]
+                flight.done.set()
+        if flight.error is not None:
+            raise flight.error
+        if flight.data is None:  # the first reader was cancelled (interrupted): try again
+            return await self._decode_in_thread(entry, cid, usize)
+        return flight.data
 
     def _check_broken(self, entry: int, cid: int) -> None:
         broken = self._broken.get(cid)
@@ -133,32 +149,35 @@ class ChunkStore:
             # Another serving process found it corrupt and logged it.
             raise KnownCorruptError("corrupt data in %s" % self._where(entry, cid))
 
-    def _load_and_decode(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+    def _broken_error(self, entry: int, cid: int, exc: CorruptDataError) -> CorruptDataError:
+        """Remember `cid` as broken; the error names the file. Trio thread only."""
+        message = "%s in %s" % (exc, self._where(entry, cid))
+        error: CorruptDataError
+        if self.shared.mark_broken(cid):
+            self.shared.counters[sh.CORRUPT_CHUNKS] += 1
+            error = type(exc)(message)
+        else:
+            error = KnownCorruptError(message)
+        self._broken[cid] = error
+        return error
+
+    def _load_and_decode(self, cid: int, usize: int) -> bytes | memoryview:
+        """Worker thread: fetch (mapping or pread) and decode one chunk. Touches no state."""
         if self._resident[self.index.chunk_partition[cid]]:
             stored: bytes | memoryview = self.reader.stored_view(cid)
         else:
             try:
                 stored = self.reader.read_stored(cid)
             except OSError as exc:
-                raise CorruptDataError("cannot read %s: %s" % (self._where(entry, cid), exc.strerror)) from exc
-        return self._decode(entry, cid, stored, usize)
+                raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
+        return self._decode(cid, stored, usize)
 
-    def _decode(self, entry: int, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
+    def _decode(self, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
+        """Verify and decode stored bytes. Pure: safe in any thread."""
         index = self.index
-        try:
-            if zlib.crc32(stored) != index.chunk_crc32[cid]:
-                raise ChecksumError("checksum mismatch")
-            data = decompress(index.chunk_codec[cid], stored, usize)
-        except CorruptDataError as exc:
-            error: CorruptDataError = type(exc)("%s in %s" % (exc, self._where(entry, cid)))
-            if self.shared.mark_broken(cid):
-                self.shared.counters[sh.CORRUPT_CHUNKS] += 1
-            else:
-                error = KnownCorruptError(str(error))
-            self._broken[cid] = error
-            raise error from exc
-        self.shared.counters[sh.BYTES_DECODED] += usize
-        return data
+        if zlib.crc32(stored) != index.chunk_crc32[cid]:
+            raise ChecksumError("checksum mismatch")
+        return decompress(index.chunk_codec[cid], stored, usize)
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

@@ -30,8 +30,8 @@ def umount(mountpoint: str, *, lazy: bool = False) -> None:
     entry = find_mount(mountpoint)
     if entry is None:
         raise UsageError("%s is not mounted" % mountpoint)
-    if not entry.fstype.startswith("fuse"):
-        raise UsageError("%s is not a FUSE mount (it is %s)" % (mountpoint, entry.fstype))
+    if entry.fstype != "fuse.fanfs":
+        raise UsageError("%s is not a fanfs mount (it is %s)" % (mountpoint, entry.fstype))
     pid = _daemon_pid(mountpoint)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import struct
 import zlib
 from typing import Any, Final
 
-from fanfs.errors import PackFormatError, PackVersionError
+from fanfs.errors import PackFormatError, PackVersionError, UsageError
 
 MAGIC: Final = b"FANFSPK\n"
 FORMAT_VERSION: Final = 1
@@ -88,3 +89,17 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
     except ValueError as exc:
         raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
     return manifest
+
+
+def raise_open_file_limit(needed: int) -> None:
+    """Raise this process's soft RLIMIT_NOFILE to `needed` (a pack keeps every partition
+    open); fail clearly if the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise UsageError(
+            "this pack needs %d open files but the limit is %d (ulimit -Hn); "
+            "raise it or repack with fewer --partitions" % (needed, hard)
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))

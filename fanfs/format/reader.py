@@ -10,14 +10,15 @@ Never decompresses. Thread-safe: every method only reads immutable state.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import zlib
 from typing import Any, Final
 
-from fanfs.errors import ChecksumError, PackFormatError
+from fanfs.errors import PackFormatError
 from fanfs.format.index import Index
-from fanfs.format.layout import read_manifest
+from fanfs.format.layout import raise_open_file_limit, read_manifest
 
 # Reads of whole partitions (verify, preload) go in slices this large.
 SCAN_BYTES: Final = 4 * 1024 * 1024
@@ -44,9 +45,14 @@ class PackReader:
             raise PackFormatError("%s: manifest lacks a valid %s" % (path, exc)) from exc
         self._fds: list[int] = []
         self._maps: list[mmap.mmap | None] = []
+        # Each partition holds two descriptors: ours for pread and the mapping's own.
+        raise_open_file_limit(2 * len(self.partitions) + 64)
         try:
             for part in self.partitions:
                 self._open_partition(part)
+        except (KeyError, TypeError) as exc:
+            self.close()
+            raise PackFormatError("%s: manifest has an invalid partition entry (%s)" % (path, exc)) from exc
         except BaseException:
             self.close()
             raise
@@ -94,7 +100,7 @@ class PackReader:
         length = index.chunk_csize[chunk]
         data = os.pread(self._fds[index.chunk_partition[chunk]], length, index.chunk_offset[chunk])
         if len(data) != length:
-            raise ChecksumError("short read of %d bytes (expected %d)" % (len(data), length))
+            raise OSError(errno.EIO, "short read of %d bytes (expected %d)" % (len(data), length))
         return data
 
     def chunk_usize(self, entry: int, chunk_no: int) -> int:

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import heapq
 import os
-import resource
 import zlib
 from typing import Any
 
 import numpy as np
 
-from fanfs.errors import UsageError
 from fanfs.format.index import encode_columns
-from fanfs.format.layout import FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, encode_manifest, partition_name
+from fanfs.format.layout import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    encode_manifest,
+    partition_name,
+    raise_open_file_limit,
+)
 
 
 class _Partition:
@@ -33,22 +38,11 @@ class _Partition:
         self.broadcast = broadcast
 
 
-def _ensure_open_files(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        if hard != resource.RLIM_INFINITY and hard < needed:
-            raise UsageError(
-                "%d partitions need %d open files but the limit is %d; use fewer --partitions"
-                % (needed - 64, needed, hard)
-            )
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-
 class PackWriter:
     """Writes one pack into an empty directory `out_dir`. Not thread-safe: one caller."""
 
     def __init__(self, out_dir: str, partitions: int, broadcast_partitions: int) -> None:
-        _ensure_open_files(partitions + broadcast_partitions + 64)
+        raise_open_file_limit(partitions + broadcast_partitions + 64)
         self._dir = out_dir
         self._parts: list[_Partition] = []
         self._heaps: dict[bool, list[tuple[int, int]]] = {False: [], True: []}
