@@ -32,15 +32,21 @@ def parse_size(text: str) -> int:
     """
     match = _SIZE_RE.match(text)
     unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
+    if match is None or unit not in _UNITS or len(match.group(1)) > 30:
         raise UsageError("invalid size %r (expected a number with an optional unit such as 4MiB)" % text)
-    return int(float(match.group(1)) * _UNITS[unit])
+    # Exact arithmetic: a float would round large byte counts.
+    whole, _, frac = match.group(1).partition(".")
+    value = int(whole + frac) * _UNITS[unit] // 10 ** len(frac)
+    if value >= 2**63:
+        raise UsageError("size %r is too large" % text)
+    return value
 
 
 def format_size(size: float) -> str:
     """Format a byte count for humans with binary units ("1.5 GiB")."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
+        # Compare after rounding, so 1048575 bytes is "1.0 MiB", not "1024.0 KiB".
+        if abs(round(size, 1)) < 1024 or unit == "TiB":
             return ("%d %s" % (size, unit)) if unit == "B" else ("%.1f %s" % (size, unit))
         size /= 1024
     raise AssertionError("unreachable")

@@ -166,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FanfsError as exc:
         print("fanfs %s: error: %s" % (args.command, exc), file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # `fanfs inspect PACK | head`: the reader went away; that is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
         print("fanfs %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1

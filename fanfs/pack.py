@@ -30,7 +30,7 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size
 from fanfs.compression import CODEC_NAMES, CodecSpec, compress_object
 from fanfs.errors import PackInputError, UsageError
-from fanfs.format.layout import NAME_MAX
+from fanfs.format.layout import MANIFEST_NAME, NAME_MAX
 from fanfs.format.writer import PackWriter
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,12 @@ class _Walker:
         parent = self.nodes[dir_id]
         path = parent.path + b"/" + name
         rel = parent.rel + b"/" + name if parent.rel else name
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            # A directory that can be listed but not searched (mode r--): report the entry.
+            self._unreadable(_Node(path, rel, name, dir_id, parent.st, False), exc)
+            return
         mode = st.st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
             log.warning("skipping %s: not a regular file, directory or symlink", display(rel))
@@ -379,14 +384,23 @@ def check_inputs(opts: PackOptions) -> None:
     src, out = os.path.realpath(opts.src), os.path.realpath(opts.out)
     if out == src or out.startswith(src.rstrip("/") + "/"):
         raise PackInputError("output %s is inside the source %s" % (opts.out, opts.src))
+    if src.startswith(out.rstrip("/") + "/"):
+        raise PackInputError("source %s is inside the output %s" % (opts.src, opts.out))
     if os.path.lexists(opts.out):
         if not os.path.isdir(opts.out) or os.path.islink(opts.out):
             raise PackInputError("output %s exists and is not a directory" % opts.out)
-        if os.listdir(opts.out) and not opts.force:
-            raise PackInputError("output %s exists and is not empty (use --force to replace it)" % opts.out)
+        if os.listdir(opts.out):
+            if not opts.force:
+                raise PackInputError("output %s exists and is not empty (use --force to replace it)" % opts.out)
+            if not os.path.exists(os.path.join(opts.out, MANIFEST_NAME)):
+                raise PackInputError("output %s is not empty and not a fanfs pack; refusing to replace it" % opts.out)
     parent = os.path.dirname(os.path.abspath(opts.out))
     if not os.path.isdir(parent):
         raise PackInputError("cannot create %s: %s does not exist" % (opts.out, parent))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PackInputError("cannot create %s: %s is not writable" % (opts.out, parent))
+    if opts.jobs < 0:
+        raise UsageError("--jobs must be 0 (all cores) or more")
     if not 4096 <= opts.chunk_size <= 64 * 1024 * 1024:
         raise UsageError("--chunk-size must be between 4KiB and 64MiB")
     if opts.partitions is not None and not 1 <= opts.partitions <= MAX_PARTITIONS:

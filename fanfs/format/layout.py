@@ -73,8 +73,10 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
         raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME)) from None
     except OSError as exc:
         raise PackFormatError("%s: cannot read manifest: %s" % (pack_dir, exc.strerror)) from exc
-    if len(raw) < _HEADER.size or raw[:8] != MAGIC:
+    if raw[: len(MAGIC)] != MAGIC[: len(raw)] or not raw:
         raise PackFormatError("%s: not a fanfs pack (bad magic in %s)" % (pack_dir, MANIFEST_NAME))
+    if len(raw) < _HEADER.size:
+        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
     _, version, length, crc = _HEADER.unpack_from(raw)
     if version != FORMAT_VERSION:
         raise PackVersionError(

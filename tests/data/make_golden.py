@@ -1,0 +1,131 @@
+"""Regenerate the golden packs under tests/data/golden-v<FORMAT_VERSION>/ (run once per format).
+
+    python tests/data/make_golden.py
+
+Writes `src.tar.gz` (the source tree, with names, modes, mtimes and symlinks) and one pack per
+codec (`zstd.fan`, `lz4.fan`, `brotli.fan`) packed from it. Commit them and never regenerate
+an existing version's directory: tests/unit/test_format.py checks that the current reader
+still reads every committed golden pack byte for byte (STYLE.md B10).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MTIME = 1_700_000_000  # whole seconds: tar stores seconds, packs store ns
+CODECS = {"zstd.fan": "zstd:3", "lz4.fan": "lz4", "brotli.fan": "brotli:5"}
+PACK_ARGS = [
+    "--chunk-size",
+    "4KiB",
+    "--partitions",
+    "2",
+    "--broadcast",
+    "val/**",
+    "--jobs",
+    "1",
+    "-q",
+]
+
+
+def _text(n: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"tensor", b"label", b"\n"]
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + b" "
+    return bytes(out[:n])
+
+
+def build_tree(root: Path) -> None:
+    """The golden source tree: small, but one of every kind of entry and chunk."""
+    b = os.fsencode(root)
+    files: dict[bytes, tuple[bytes, int]] = {
+        b"README.txt": (b"fanfs golden pack, format version 1\n", 0o644),
+        b"run.sh": (b"#!/bin/sh\necho hello\n", 0o755),
+        b"data/text.txt": (_text(9000, 1), 0o644),  # 3 chunks of 4 KiB, compressed
+        b"data/random.bin": (random.Random(2).randbytes(600), 0o600),  # stored raw
+        b"data/empty": (b"", 0o644),  # no chunks
+        b"data/exact.txt": (b"0123456789abcdef" * 512, 0o644),  # exactly 2 chunks
+        b"data/sub/deep.txt": (b"deep\n" * 20, 0o444),
+        b"val/v1.txt": (_text(1500, 4), 0o644),  # broadcast
+        b"val/v2.bin": (random.Random(5).randbytes(300), 0o644),  # broadcast, raw
+        b"names/bad\xff\xfename": (b"non-utf8 name\n", 0o644),
+        "names/ünïcødé.txt".encode(): ("unicode ✓\n".encode(), 0o644),
+        b"names/" + b"n" * 255: (b"255-byte name\n", 0o644),
+    }
+    os.makedirs(b + b"/empty_dir")
+    for rel, (data, mode) in files.items():
+        path = b + b"/" + rel
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, mode)
+    os.symlink(b"data/text.txt", b + b"/link")
+    os.symlink(b"does/not/exist", b + b"/dangling")
+    os.symlink(b"\xff-target", b + b"/names/bad_target")
+    for dirpath, dirnames, filenames in os.walk(b, topdown=False):
+        for name in dirnames + filenames:
+            os.utime(os.path.join(dirpath, name), (MTIME, MTIME), follow_symlinks=False)
+        os.utime(dirpath, (MTIME, MTIME))
+
+
+def write_tar(root: Path, dest: Path) -> None:
+    """A reproducible tar.gz of the tree (sorted members, no owners, gzip mtime 0)."""
+    base = os.fsencode(root)
+    members = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            members.append(os.path.relpath(os.path.join(dirpath, name), base))
+    with (
+        open(dest, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        for rel in sorted(members):
+            info = tar.gettarinfo(os.fsdecode(os.path.join(base, rel)), arcname=os.fsdecode(rel))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with open(os.path.join(base, rel), "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+
+def main() -> None:
+    from fanfs.format.layout import FORMAT_VERSION
+
+    out = HERE / ("golden-v%d" % FORMAT_VERSION)
+    if out.exists():
+        sys.exit("%s exists: golden packs of a released format are never regenerated" % out)
+    out.mkdir()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        build_tree(src)
+        write_tar(src, out / "src.tar.gz")
+        for name, codec in CODECS.items():
+            cmd = [
+                sys.executable,
+                "-m",
+                "fanfs",
+                "pack",
+                str(src),
+                str(out / name),
+                "--codec",
+                codec,
+                *PACK_ARGS,
+            ]
+            subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    main()

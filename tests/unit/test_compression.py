@@ -1,0 +1,306 @@
+"""Codecs: round trips, raw storage of incompressible data, corrupt input, --codec parsing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import re
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fanfs.compression import (
+    CODEC_BROTLI,
+    CODEC_LZ4,
+    CODEC_NONE,
+    CODEC_ZSTD,
+    CodecSpec,
+    compress,
+    compress_object,
+    decompress,
+    parse_codec,
+)
+from fanfs.errors import CorruptDataError, DecompressionError, UsageError
+
+SPECS = ["none", "lz4", "zstd:1", "zstd:19", "brotli:0", "brotli:11"]
+COMPRESSING_SPECS = [s for s in SPECS if s != "none"]
+
+
+def _text(n: int, seed: int = 0) -> bytes:
+    rng = random.Random(seed)
+    words = [b"image", b"label", b"tensor", b"epoch", b"batch", b"0.125", b"\n", b"class_042"]
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + b" "
+    return bytes(out[:n])
+
+
+DATA = {
+    "empty": b"",
+    "one_byte": b"x",
+    "random_100k": random.Random(1).randbytes(100_000),
+    "zeros_1mib": bytes(1024 * 1024),
+    "text_200k": _text(200_000),
+}
+COMPRESSIBLE = ("zeros_1mib", "text_200k")
+BUFFERS: dict[str, Callable[[bytes], bytes | bytearray | memoryview]] = {
+    "bytes": bytes,
+    "bytearray": bytearray,
+    "memoryview": memoryview,
+}
+
+
+@pytest.fixture(params=SPECS)
+def spec(request: pytest.FixtureRequest) -> CodecSpec:
+    return parse_codec(request.param)
+
+
+@pytest.mark.parametrize("buffer", BUFFERS)
+@pytest.mark.parametrize("kind", DATA)
+def test_round_trip(spec: CodecSpec, kind: str, buffer: str) -> None:
+    data = DATA[kind]
+    stored = compress(BUFFERS[buffer](data), spec)
+    # The read path hands decompress a view into a mapped partition, so decode a view.
+    out = decompress(spec.codec_id, memoryview(stored), len(data))
+    assert bytes(out) == data
+    assert bytes(decompress(spec.codec_id, stored, len(data))) == data
+    if spec.codec_id == CODEC_NONE:
+        assert stored == data
+    elif kind in COMPRESSIBLE:
+        assert len(stored) < len(data) // 2, "%s did not compress %s" % (spec, kind)
+
+
+@pytest.mark.parametrize("buffer", BUFFERS)
+@pytest.mark.parametrize("spec_text", COMPRESSING_SPECS)
+def test_compress_object_stores_random_data_raw(spec_text: str, buffer: str) -> None:
+    data = DATA["random_100k"]
+    codec, stored = compress_object(BUFFERS[buffer](data), parse_codec(spec_text))
+    assert codec == CODEC_NONE
+    assert type(stored) is bytes
+    assert stored == data
+
+
+@pytest.mark.parametrize("buffer", BUFFERS)
+@pytest.mark.parametrize("kind", COMPRESSIBLE)
+@pytest.mark.parametrize("spec_text", COMPRESSING_SPECS)
+def test_compress_object_compresses_compressible_data(
+    spec_text: str, kind: str, buffer: str
+) -> None:
+    spec, data = parse_codec(spec_text), DATA[kind]
+    codec, stored = compress_object(BUFFERS[buffer](data), spec)
+    assert codec == spec.codec_id
+    assert type(stored) is bytes
+    assert len(stored) < len(data) // 2
+    assert bytes(decompress(codec, stored, len(data))) == data
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"x",
+        b"0123456789abcdef",  # under the 64-byte probe minimum: tried, kept raw
+        bytes(16 * 1024)
+        + random.Random(2).randbytes(1024 * 1024),  # probe shrinks, whole not by 3%
+    ],
+    ids=["empty", "one_byte", "tiny", "compressible_head_random_body"],
+)
+def test_compress_object_keeps_raw_what_does_not_shrink(data: bytes) -> None:
+    codec, stored = compress_object(data, parse_codec("zstd:3"))
+    assert (codec, stored) == (CODEC_NONE, data)
+
+
+def test_compress_object_with_codec_none_never_compresses() -> None:
+    assert compress_object(DATA["zeros_1mib"], parse_codec("none")) == (
+        CODEC_NONE,
+        DATA["zeros_1mib"],
+    )
+
+
+# --- corrupt, truncated and mis-sized input -------------------------------------------------
+# A flipped byte in the middle of a stream is not always detectable by the codec itself
+# (zstd frames are written without their own checksum); the pack's crc32 catches those.
+# What the codec layer promises: input it cannot decode is a DecompressionError, never a
+# library exception, never bytes of the wrong length.
+
+STORED = {s: compress(DATA["text_200k"], parse_codec(s)) for s in COMPRESSING_SPECS}
+
+
+def _flip_first(b: bytes) -> bytes:
+    return bytes([b[0] ^ 0xFF]) + b[1:]
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [lambda b: b"\xff" * 64, lambda b: bytes(64), _flip_first],
+    ids=["garbage", "zeros", "bad_header"],
+)
+@pytest.mark.parametrize("spec_text", COMPRESSING_SPECS)
+def test_corrupt_input_raises(spec_text: str, corrupt: Callable[[bytes], bytes]) -> None:
+    spec = parse_codec(spec_text)
+    with pytest.raises(DecompressionError, match="^%s: " % spec.name) as info:
+        decompress(spec.codec_id, corrupt(STORED[spec_text]), len(DATA["text_200k"]))
+    assert isinstance(info.value, CorruptDataError)
+    assert info.value.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    "keep", [0, 1, 0.5, -1], ids=["nothing", "one_byte", "half", "all_but_last"]
+)
+@pytest.mark.parametrize("spec_text", COMPRESSING_SPECS)
+def test_truncated_input_raises(spec_text: str, keep: float) -> None:
+    spec, stored = parse_codec(spec_text), STORED[spec_text]
+    cut = (
+        int(len(stored) * keep)
+        if isinstance(keep, float)
+        else keep
+        if keep >= 0
+        else len(stored) + keep
+    )
+    with pytest.raises(DecompressionError, match="^%s: " % spec.name):
+        decompress(spec.codec_id, stored[:cut], len(DATA["text_200k"]))
+
+
+def test_truncated_raw_object_raises() -> None:
+    with pytest.raises(DecompressionError, match=r"^none: decoded 99 bytes, expected 100$"):
+        decompress(CODEC_NONE, bytes(99), 100)
+
+
+@pytest.mark.parametrize("delta", [-1, +1, -1000, +1000])
+@pytest.mark.parametrize("spec_text", SPECS)
+def test_wrong_expected_size_raises(spec_text: str, delta: int) -> None:
+    spec, data = parse_codec(spec_text), DATA["text_200k"]
+    stored = STORED.get(spec_text, data)
+    with pytest.raises(DecompressionError, match="^%s: " % spec.name):
+        decompress(spec.codec_id, stored, len(data) + delta)
+
+
+@pytest.mark.parametrize(
+    ("spec_text", "codec_name"), [("zstd:1", "zstd"), ("brotli:0", "brotli"), ("none", "none")]
+)
+def test_wrong_expected_size_message(spec_text: str, codec_name: str) -> None:
+    data = DATA["text_200k"]
+    stored = STORED.get(spec_text, data)
+    n = len(data)
+    expected = "%s: decoded %d bytes, expected %d" % (codec_name, n, n + 1)
+    with pytest.raises(DecompressionError, match="^%s$" % re.escape(expected)):
+        decompress(parse_codec(spec_text).codec_id, stored, n + 1)
+
+
+def test_unknown_codec_id_raises() -> None:
+    with pytest.raises(DecompressionError, match=r"^unknown codec id 9$"):
+        decompress(9, b"abc", 3)
+
+
+# --- parse_codec ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "codec_id", "level", "shown"),
+    [
+        ("none", CODEC_NONE, 0, "none"),
+        ("lz4", CODEC_LZ4, 0, "lz4"),
+        ("zstd", CODEC_ZSTD, 3, "zstd:3"),
+        ("zstd:1", CODEC_ZSTD, 1, "zstd:1"),
+        ("zstd:19", CODEC_ZSTD, 19, "zstd:19"),
+        ("zstd:22", CODEC_ZSTD, 22, "zstd:22"),
+        ("brotli", CODEC_BROTLI, 5, "brotli:5"),
+        ("brotli:0", CODEC_BROTLI, 0, "brotli:0"),
+        ("brotli:11", CODEC_BROTLI, 11, "brotli:11"),
+        ("ZSTD:7", CODEC_ZSTD, 7, "zstd:7"),
+        (" lz4 ", CODEC_LZ4, 0, "lz4"),
+    ],
+)
+def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -> None:
+    spec = parse_codec(text)
+    assert (spec.codec_id, spec.level, str(spec)) == (codec_id, level, shown)
+    assert parse_codec(str(spec)) == spec  # what the manifest records parses back
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gzip", "unknown codec 'gzip' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
+        ("", "unknown codec '' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
+        ("zstd3", "unknown codec 'zstd3' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
+        ("zstd:fast", "invalid level in 'zstd:fast': zstd levels are 1..22"),
+        ("zstd:1.5", "invalid level in 'zstd:1.5': zstd levels are 1..22"),
+        ("zstd:0", "invalid level in 'zstd:0': zstd levels are 1..22"),
+        ("zstd:23", "invalid level in 'zstd:23': zstd levels are 1..22"),
+        ("zstd:-1", "invalid level in 'zstd:-1': zstd levels are 1..22"),
+        ("brotli:12", "invalid level in 'brotli:12': brotli levels are 0..11"),
+        ("brotli:-1", "invalid level in 'brotli:-1': brotli levels are 0..11"),
+        ("brotli:max", "invalid level in 'brotli:max': brotli levels are 0..11"),
+        ("lz4:3", "codec lz4 takes no level (got 'lz4:3')"),
+        ("none:0", "codec none takes no level (got 'none:0')"),
+    ],
+)
+def test_parse_codec_rejects(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match="^%s$" % re.escape(message)) as info:
+        parse_codec(text)
+    assert info.value.exit_code == 2
+
+
+# --- threads ----------------------------------------------------------------------------------
+
+
+def test_concurrent_decompress_from_eight_threads() -> None:
+    objects = []
+    for spec_text in SPECS:
+        spec = parse_codec(spec_text)
+        for kind in ("zeros_1mib", "text_200k", "random_100k"):
+            data = DATA[kind]
+            objects.append((spec.codec_id, compress(data, spec), data))
+    rounds = 12
+
+    def work(i: int) -> bool:
+        codec, stored, data = objects[i % len(objects)]
+        return bytes(decompress(codec, stored, len(data))) == data
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, range(rounds * len(objects))))
+    assert len(results) == rounds * len(objects)
+    assert all(results)
+
+
+def test_concurrent_compress_object_from_eight_threads() -> None:
+    # compress_object keeps per-thread zstd contexts; overlapping use must not mix streams.
+    inputs = [_text(50_000 + 997 * i, seed=i) for i in range(32)]
+    spec = parse_codec("zstd:3")
+
+    def work(data: bytes) -> bytes:
+        codec, stored = compress_object(data, spec)
+        return bytes(decompress(codec, stored, len(data)))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(work, inputs * 4)) == inputs * 4
+
+
+# --- fuzzing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=5000), spec_text=st.sampled_from(SPECS))
+def test_fuzz_round_trip(data: bytes, spec_text: str) -> None:
+    spec = parse_codec(spec_text)
+    codec, stored = compress_object(data, spec)
+    assert bytes(decompress(codec, stored, len(data))) == data
+    assert bytes(decompress(spec.codec_id, compress(data, spec), len(data))) == data
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(
+    stored=st.binary(max_size=2000),
+    codec=st.sampled_from([CODEC_LZ4, CODEC_ZSTD, CODEC_BROTLI]),
+    size=st.integers(min_value=0, max_value=100_000),
+)
+def test_fuzz_garbage_is_an_error_or_exact_size(stored: bytes, codec: int, size: int) -> None:
+    try:
+        out = decompress(codec, stored, size)
+    except DecompressionError:
+        return
+    assert len(out) == size
