@@ -53,6 +53,20 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
     p.add_argument("--processes", type=int, default=0, metavar="N",
                    help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)")
+    c = p.add_argument_group("cluster mode (one daemon per node under mpirun/srun; docs/cluster.md)")
+    c.add_argument("--cluster", dest="cluster", action="store_true", default=None,
+                   help="force cluster mode (default: detected from the MPI launcher's environment)")
+    c.add_argument("--no-cluster", dest="cluster", action="store_false", help="never use cluster mode")
+    c.add_argument("--cache-dir", default=None, help="node-local directory for this node's share ({rank} is replaced)")
+    c.add_argument("--replicas", type=int, default=1, help="copies of each partition across nodes (default 1)")
+    c.add_argument("--stage", choices=("copy", "none"), default="copy",
+                   help="copy this node's share to --cache-dir (default), or serve from PACK in place")
+    c.add_argument("--stage-groups", type=int, default=0, metavar="G",
+                   help="at most G ranks read the shared filesystem at once while staging (0: all)")
+    c.add_argument("--remote-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="wait this long for a peer before trying a replica or the pack (default 5)")
+    c.add_argument("--coalesce-window", type=float, default=0.5, metavar="MS",
+                   help="batch remote requests to one peer within this window (default 0.5 ms; 0: off)")
     p.add_argument("--no-noopen", dest="noopen", action="store_false",
                    help="do not use the kernel's no-open mode even with the patched pyfuse3")
     p.set_defaults(func=_cmd_mount)

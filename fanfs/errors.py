@@ -57,6 +57,10 @@ class PackVersionError(PackFormatError):
     """A pack was written with a format version this fanfs cannot read."""
 
 
+class RemoteReadError(FanfsError):
+    """No owner of a partition answered and the pack could not be read either."""
+
+
 class MountSetupError(FanfsError):
     """The mount cannot be set up: bad mountpoint, FUSE unavailable, ..."""
 

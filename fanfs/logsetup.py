@@ -29,18 +29,18 @@ class LogOnceFilter(logging.Filter):
         return True
 
 
-def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | None = None) -> None:
+def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | None = None, prefix: str = "") -> None:
     """Send fanfs's records to stderr (commands) or to `logfile` (a background daemon)."""
     root = logging.getLogger("fanfs")
     for handler in list(root.handlers):
         root.removeHandler(handler)
     if logfile:
         handler: logging.Handler = logging.FileHandler(logfile)
-        fmt = "%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(name)s: %(message)s"
+        fmt = "%(asctime)s.%(msecs)03d %(process)d " + prefix + "%(levelname)s %(name)s: %(message)s"
         handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("fanfs: %(levelname_lower)s: %(message)s"))
+        handler.setFormatter(logging.Formatter("fanfs: " + prefix + "%(levelname_lower)s: %(message)s"))
         handler.addFilter(_lower_level)
     handler.addFilter(LogOnceFilter())
     root.addHandler(handler)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import faulthandler
 import fcntl
 import hashlib
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fanfs._sizes import format_size, parse_size
+from fanfs.cluster.topology import detect_launch
 from fanfs.errors import FanfsError, MountSetupError, UsageError
 from fanfs.format.reader import PackReader
 from fanfs.logsetup import setup_logging
@@ -61,6 +63,13 @@ class MountConfig:
     noopen: bool = True
     thread_limit: int = 8
     processes: int = 0  # 0: DEFAULT_PROCESSES, bounded by the CPU count
+    cluster: bool | None = None  # None: detect an MPI launch
+    cache_dir: str | None = None
+    replicas: int = 1
+    stage: str = "copy"
+    stage_groups: int = 0
+    remote_timeout_s: float = 5.0
+    coalesce_window_s: float = 0.0005
 
 
 def config_from_args(args: argparse.Namespace) -> MountConfig:
@@ -78,6 +87,13 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         preload=args.preload,
         noopen=args.noopen,
         processes=args.processes,
+        cluster=args.cluster,
+        cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
+        replicas=args.replicas,
+        stage=args.stage,
+        stage_groups=args.stage_groups,
+        remote_timeout_s=args.remote_timeout,
+        coalesce_window_s=args.coalesce_window / 1000,
     )
 
 
@@ -116,6 +132,9 @@ def _default_logfile(mountpoint: str) -> str:
 
 def mount_from_args(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    launch = detect_launch()
+    if config.cluster or (config.cluster is None and launch is not None and launch[1] > 1):
+        return _cluster_from_config(config, launch[0] if launch else 0)
     check_mountpoint(config.mountpoint)
     reader = PackReader(config.pack)
     pyfuse3 = _import_pyfuse3()
@@ -124,6 +143,33 @@ def mount_from_args(args: argparse.Namespace) -> int:
         return serve(reader, config, pyfuse3, on_ready=lambda: None)
     logfile = config.logfile or _default_logfile(config.mountpoint)
     return _daemonize(reader, config, pyfuse3, logfile)
+
+
+def _cluster_from_config(config: MountConfig, rank: int) -> int:
+    """Cluster mode: always in the foreground (the launcher owns the process), one serving
+    process, `{rank}` expanded in paths so ranks on one machine get their own."""
+    from fanfs.cluster.node import cluster_mount, expand_rank
+
+    log_pattern = config.logfile or (os.path.join(config.cache_dir, "fanfs.log") if config.cache_dir else None)
+    cache_dir = expand_rank(config.cache_dir, rank)
+    # Each rank logs to its own node-local file: mpirun stops reading the ranks' stderr when
+    # it shuts a job down, and a daemon must not die writing its last log lines there.
+    logfile = expand_rank(config.logfile, rank) or (os.path.join(cache_dir, "fanfs.log") if cache_dir else None)
+    config = dataclasses.replace(
+        config,
+        mountpoint=expand_rank(config.mountpoint, rank) or config.mountpoint,
+        cache_dir=cache_dir,
+        logfile=logfile,
+        foreground=True,
+        processes=1,
+    )
+    if logfile:
+        os.makedirs(os.path.dirname(logfile), exist_ok=True)
+        if rank == 0:
+            print("fanfs mount: cluster mode; each rank logs to %s" % log_pattern, file=sys.stderr)
+    setup_logging(debug=config.debug, logfile=config.logfile, prefix="rank %d: " % rank)
+    pyfuse3 = _import_pyfuse3()
+    return cluster_mount(config, pyfuse3)
 
 
 def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: str) -> int:
@@ -228,7 +274,7 @@ def serving_processes(pyfuse3: Any, config: MountConfig) -> int:
     return max(1, min(config.processes or DEFAULT_PROCESSES, cpus))
 
 
-def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any) -> int:
+def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any, cluster: Any = None) -> int:
     """Mount, serve until unmounted or signalled, unmount. Returns the exit status.
 
     With several serving processes, the first runs the INIT handshake alone, then forks the
@@ -245,17 +291,21 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     processes = serving_processes(pyfuse3, config)
     shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
     store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
+    if cluster is not None:
+        store.remote = cluster.make_remote(shared.counters, store.limiter)
     noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
     totals = reader.manifest.get("totals", {})
     info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
             "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
-    ops = Operations(store, noopen=noopen, info=info)
+    ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
     try:
         pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
     except RuntimeError as exc:
         raise MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc)) from exc
     log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
              config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
+    if cluster is not None:
+        cluster.before_serving()
     on_ready()
     slot, children = 0, []
     try:
@@ -266,7 +316,7 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
             slot, children = _fork_servers(processes)
             shared.use_slot(slot)
             pyfuse3.fanfs_session_reset()
-        trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0)
+        trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0, cluster)
     except BaseException:
         log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
         pyfuse3.close(unmount=False)
@@ -334,11 +384,13 @@ def _reap(children: list[int]) -> None:
             time.sleep(0.01)
 
 
-async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, first: bool) -> None:
+async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, first: bool, cluster: Any) -> None:
     import trio
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_handle_signals, pyfuse3)
+        if cluster is not None:
+            nursery.start_soon(cluster.run)
         if first:
             nursery.start_soon(_tune_read_ahead, config.mountpoint)
         if preload:

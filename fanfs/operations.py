@@ -81,7 +81,14 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, store: ChunkStore, *, noopen: bool, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: ChunkStore,
+        *,
+        noopen: bool,
+        info: dict[str, Any],
+        extra_stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__()
         self.store = store
         self.shared = store.shared
@@ -92,6 +99,7 @@ class Operations(pyfuse3.Operations):
         self.chunk_size = store.chunk_size
         self.noopen = noopen
         self.info = info
+        self.extra_stats = extra_stats
         self.uid = os.getuid()
         self.gid = os.getgid()
         nlink = self.index.subdir_counts().astype(np.uint32) + 2
@@ -107,6 +115,8 @@ class Operations(pyfuse3.Operations):
         stats = dict(self.info)
         stats.update(self.shared.totals())
         stats.update(self.store.statistics())
+        if self.extra_stats is not None:
+            stats.update(self.extra_stats())
         return stats
 
     def _entry(self, inode: int) -> int:

@@ -28,6 +28,10 @@ COUNTER_NAMES: Final = (
     "data_errors",
     "internal_errors",
     "corrupt_chunks",
+    "remote_fetches",
+    "remote_bytes",
+    "remote_timeouts",
+    "pack_fallbacks",
 )
 (
     READS,
@@ -41,6 +45,10 @@ COUNTER_NAMES: Final = (
     DATA_ERRORS,
     INTERNAL_ERRORS,
     CORRUPT_CHUNKS,
+    REMOTE_FETCHES,
+    REMOTE_BYTES,
+    REMOTE_TIMEOUTS,
+    PACK_FALLBACKS,
 ) = range(len(COUNTER_NAMES))
 
 

@@ -20,13 +20,13 @@ import logging
 import mmap
 import threading
 import zlib
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 
 from fanfs import shared as sh
 from fanfs.compression import decompress
-from fanfs.errors import ChecksumError, CorruptDataError, KnownCorruptError
+from fanfs.errors import ChecksumError, CorruptDataError, FanfsError, KnownCorruptError
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
 
@@ -40,6 +40,14 @@ PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
 MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
 
 
+class ChunkSource(Protocol):
+    """Where stored bytes of partitions this node does not hold come from (cluster mode)."""
+
+    async def fetch(self, partition: int, offset: int, length: int) -> bytes:
+        """Stored bytes; raises a FanfsError (EIO) if no copy can be reached."""
+        ...
+
+
 class _Flight:
     """One chunk being decoded in a worker thread, and its outcome."""
 
@@ -48,7 +56,7 @@ class _Flight:
     def __init__(self) -> None:
         self.done = trio.Event()
         self.data: bytes | memoryview | None = None
-        self.error: CorruptDataError | None = None
+        self.error: FanfsError | None = None
 
 
 class ChunkStore:
@@ -58,15 +66,26 @@ class ChunkStore:
     flags and the corrupt-chunk bitmap live in `shared` (all serving processes see them).
     """
 
-    def __init__(self, reader: PackReader, shared: SharedState, *, cache_bytes: int, thread_limit: int) -> None:
+    def __init__(
+        self,
+        reader: PackReader,
+        shared: SharedState,
+        *,
+        cache_bytes: int,
+        thread_limit: int,
+        remote: ChunkSource | None = None,
+    ) -> None:
         self.reader = reader
+        self.remote = remote
+        self.limiter = trio.CapacityLimiter(thread_limit)
         self.index = reader.index
         self.chunk_size = reader.chunk_size
         self.shared = shared
-        self._limiter = trio.CapacityLimiter(thread_limit)
+        self._limiter = self.limiter
+        self._local = reader.local
         self._resident = shared.resident
-        for number in range(len(reader.partitions)):
-            if reader.partition_map(number) is None:
+        for number, part in enumerate(reader.partitions):
+            if part["size"] == 0:
                 self._resident[number] = 1
         self._broken: dict[int, CorruptDataError] = {}
         self._cache: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
@@ -110,36 +129,50 @@ class ChunkStore:
             except CorruptDataError as exc:
                 raise self._broken_error(entry, cid, exc) from exc
         else:
-            data = await self._decode_in_thread(entry, cid, usize)
+            data = await self._single_flight(entry, cid, usize)
         counters[sh.BYTES_DECODED] += usize
         # Raw chunks of resident partitions are views of the mapping: nothing to cache.
         if not whole and not isinstance(data, memoryview):
             self._insert(cid, data)
         return data
 
-    async def _decode_in_thread(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
-        # Single flight: concurrent readers of one chunk (N loader workers, kernel read-ahead)
-        # wait for the first one's decode instead of repeating it.
+    async def _single_flight(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+        # Concurrent readers of one chunk (N loader workers, kernel read-ahead) wait for the
+        # first one's fetch and decode instead of repeating it.
         flight = self._inflight.get(cid)
         if flight is not None:
             await flight.done.wait()
         else:
             flight = self._inflight[cid] = _Flight()
             try:
-                self.shared.counters[sh.THREAD_DECODES] += 1
-                flight.data = await trio.to_thread.run_sync(
-                    self._load_and_decode, cid, usize, limiter=self._limiter
-                )
+                flight.data = await self._load(cid, usize)
             except CorruptDataError as exc:
                 flight.error = self._broken_error(entry, cid, exc)
+            except FanfsError as exc:  # transient (remote): not remembered
+                flight.error = type(exc)("%s: %s" % (self._where(entry, cid), exc))
             finally:
                 del self._inflight[cid]
                 flight.done.set()
         if flight.error is not None:
             raise flight.error
         if flight.data is None:  # the first reader was cancelled (interrupted): try again
-            return await self._decode_in_thread(entry, cid, usize)
+            return await self._single_flight(entry, cid, usize)
         return flight.data
+
+    async def _load(self, cid: int, usize: int) -> bytes | memoryview:
+        index = self.index
+        partition = index.chunk_partition[cid]
+        if self._local[partition]:
+            self.shared.counters[sh.THREAD_DECODES] += 1
+            return await trio.to_thread.run_sync(self._load_and_decode, cid, usize, limiter=self._limiter)
+        if self.remote is None:
+            raise CorruptDataError("partition %d is not on this node" % partition)
+        stored = await self.remote.fetch(partition, index.chunk_offset[cid], index.chunk_csize[cid])
+        if usize <= INLINE_MAX_BYTES:
+            self.shared.counters[sh.INLINE_DECODES] += 1
+            return self._decode(cid, stored, usize)
+        self.shared.counters[sh.THREAD_DECODES] += 1
+        return await trio.to_thread.run_sync(self._decode, cid, stored, usize, limiter=self._limiter)
 
     def _check_broken(self, entry: int, cid: int) -> None:
         broken = self._broken.get(cid)
@@ -204,7 +237,7 @@ class ChunkStore:
         total = 0
         for number in range(len(self._resident)):
             part_map = self.reader.partition_map(number)
-            if part_map is None or self._resident[number]:
+            if part_map is None or self._resident[number] or not self._local[number]:
                 continue
             for start in range(0, len(part_map), PRELOAD_STEP_BYTES):
                 if stop.is_set():

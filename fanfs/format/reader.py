@@ -14,6 +14,7 @@ import errno
 import mmap
 import os
 import zlib
+from collections.abc import Collection
 from typing import Any, Final
 
 from fanfs.errors import PackFormatError
@@ -34,7 +35,9 @@ class PackReader:
         chunk_size: uncompressed size of every chunk but the last of each file.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, local: Collection[int] | None = None) -> None:
+        """Open the pack at `path`. With `local`, only those partitions are opened (the
+        others live on other nodes, cluster mode) and only they must be present."""
         self.path = path
         self.manifest: dict[str, Any] = read_manifest(path)
         try:
@@ -47,9 +50,14 @@ class PackReader:
         self._maps: list[mmap.mmap | None] = []
         # Each partition holds two descriptors: ours for pread and the mapping's own.
         raise_open_file_limit(2 * len(self.partitions) + 64)
+        self.local = [local is None or n in local for n in range(len(self.partitions))]
         try:
-            for part in self.partitions:
-                self._open_partition(part)
+            for number, part in enumerate(self.partitions):
+                if self.local[number]:
+                    self._open_partition(part)
+                else:
+                    self._fds.append(-1)
+                    self._maps.append(None)
         except (KeyError, TypeError) as exc:
             self.close()
             raise PackFormatError("%s: manifest has an invalid partition entry (%s)" % (path, exc)) from exc
@@ -74,12 +82,20 @@ class PackReader:
 
     def close(self) -> None:
         for fd in self._fds:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self._fds.clear()
 
     def partition_map(self, number: int) -> mmap.mmap | None:
-        """The read-only mapping of a partition (None if it is empty)."""
+        """The read-only mapping of a partition (None if it is empty or not local)."""
         return self._maps[number]
+
+    def read_range(self, number: int, offset: int, length: int) -> bytes:
+        """Bytes of a local partition (serving peers in cluster mode). Blocking."""
+        part_map = self._maps[number]
+        if part_map is None or offset + length > len(part_map):
+            raise KeyError("partition %d has no bytes %d..%d here" % (number, offset, offset + length))
+        return part_map[offset : offset + length]
 
     def stored_view(self, chunk: int) -> memoryview:
         """The stored bytes of `chunk` as a view into the mapped partition.

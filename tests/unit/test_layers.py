@@ -14,8 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fanfs"
 # Third-party imports each module may make (module-level or lazy, anywhere in the file).
 ALLOWED = {
     "pyfuse3": {"operations", "mount"},
-    "mpi4py": set(),
-    "trio": {"store", "operations", "mount"},
+    "mpi4py": {"transport"},
+    "trio": {"store", "operations", "mount", "remote", "node"},
     "zstandard": {"compression"},
     "lz4": {"compression"},
     "brotli": {"compression"},
