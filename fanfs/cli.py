@@ -77,6 +77,10 @@ def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("mountpoint")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
     p.set_defaults(func=_cmd_umount)
+    p = sub.add_parser("wait", help="wait until a fanfs mount is ready (in a job script)", epilog=EXIT_CODES)
+    p.add_argument("mountpoint")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="give up after this long (default 600)")
+    p.set_defaults(func=_cmd_wait)
     p = sub.add_parser("inspect", help="summarise a pack", epilog=EXIT_CODES)
     p.add_argument("pack")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -138,6 +142,15 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     from fanfs.umount import umount
 
     umount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    from fanfs.errors import MountSetupError
+    from fanfs.mountinfo import wait_mounted
+
+    if not wait_mounted(os.path.abspath(args.mountpoint), args.timeout):
+        raise MountSetupError("%s is not a ready fanfs mount after %gs" % (args.mountpoint, args.timeout))
     return 0
 
 

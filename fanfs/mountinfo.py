@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 
@@ -47,3 +48,22 @@ def find_mount(path: str) -> MountEntry | None:
         if entry.mountpoint == target:
             found = entry  # the last one listed is on top
     return found
+
+
+def wait_mounted(path: str, timeout_s: float) -> bool:
+    """Wait until a fanfs mount at `path` answers (cluster mode: every rank passes a barrier
+    before serving, so one answering mount means the whole job is mounted)."""
+    deadline = time.monotonic() + timeout_s
+    step = 0.05
+    while True:
+        entry = find_mount(path)
+        if entry is not None and entry.fstype == "fuse.fanfs":
+            try:
+                os.statvfs(path)
+                return True
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(step, max(0.0, deadline - time.monotonic())))
+        step = min(step * 2, 1.0)
