@@ -120,7 +120,10 @@ class Transport:
             if busy:
                 idle = POLL_MIN_S
                 continue
-            self._wake.wait(idle)
+            wait = idle
+            if self._outbox:  # a batch is filling: wake when its window closes
+                wait = min(wait, max(0.0, self._outbox[0][0] + self.window_s - time.monotonic()))
+            self._wake.wait(wait)
             self._wake.clear()
             idle = min(idle * 2, POLL_MAX_S)
 
