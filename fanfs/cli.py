@@ -27,7 +27,9 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pack", help="convert a dataset tree into a pack", epilog=EXIT_CODES)
     p.add_argument("src", help="source directory (the dataset tree)")
     p.add_argument("out", help="pack directory to create")
-    p.add_argument("--codec", default="zstd:3", help="none, lz4, zstd[:LEVEL] or brotli[:LEVEL] (default zstd:3)")
+    p.add_argument("--codec", default="zstd:3",
+                   help="none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL], lzma[:LEVEL], or auto: "
+                   "a codec per class of files chosen by the optimizer (see fanfs plan; default zstd:3)")
     p.add_argument("--chunk-size", default="1MiB", help="files larger than this are split into chunks (default 1MiB)")
     p.add_argument("--partitions", type=int, default=None, help="number of partitions (default: by size, 16..4096)")
     p.add_argument("--broadcast", action="append", default=[], metavar="GLOB",
@@ -36,7 +38,48 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     p.add_argument("--skip-unreadable", action="store_true", help="skip unreadable files with a warning")
+    _add_plan_options(p)
     p.set_defaults(func=_cmd_pack)
+
+
+# Serving processes of a mount by default (mount.py: min(2, cores)); each decodes inline on one
+# thread, so that is how many cores decode at once.
+_MOUNT_PROCESSES = 2
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("plan", help="profile a dataset and print the codec plan of --codec auto",
+                       epilog=EXIT_CODES + "; 2 also when no plan meets the constraint (the closest is printed)")
+    p.add_argument("src", help="source directory (the dataset tree)")
+    p.add_argument("--chunk-size", default="1MiB", help="as for fanfs pack (default 1MiB)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--skip-unreadable", action="store_true", help="skip unreadable files with a warning")
+    _add_plan_options(p)
+    p.set_defaults(func=_cmd_plan)
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("codec plan (fanfs plan, fanfs pack --codec auto)")
+    g.add_argument("--mode", choices=("sync", "prefetch"), default=None,
+                   help="sync (default): decode may add --max-overhead to every read; prefetch: decoding on "
+                   "--decode-cores must keep up with --target-rate")
+    g.add_argument("--max-overhead", default="5%",
+                   help="sync: decode time allowed per sample, as a share of reading it raw plus --compute-ms (default 5%%)")
+    g.add_argument("--compute-ms", default="0", help="sync: compute time per sample (default 0)")
+    g.add_argument("--read-mbps", default=None, help="sync: raw read bandwidth, MB/s (default: measured on the sample)")
+    g.add_argument("--read-latency-ms", default=None, help="sync: raw read latency per file, ms (default: measured)")
+    g.add_argument("--target-rate", default=None, metavar="RATE",
+                   help="prefetch: what the job consumes per node, files/s (2000) or bytes/s (500MB/s)")
+    g.add_argument("--decode-cores", default=str(_MOUNT_PROCESSES),
+                   help="prefetch: cores free to decode (default %d, the mount's serving processes)" % _MOUNT_PROCESSES)
+    g.add_argument("--capacity", default=None, metavar="SIZE",
+                   help="fit in SIZE (e.g. nodes x SSD) with the least decode time instead")
+    g.add_argument("--codecs", default=None, metavar="LIST",
+                   help="candidates, e.g. 'lz4 zstd:3 zstd:9+dict' (none is always one; default: a wide set)")
+    g.add_argument("--sample-bytes", default="64MiB", help="bytes sampled over all classes (default 64MiB)")
+    g.add_argument("--time-budget", default="60", metavar="SECONDS",
+                   help="seconds of codec measurement after a first pass (default 60)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
 def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="fanfs %s" % __version__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_pack(sub)
+    _add_plan(sub)
     _add_mount(sub)
     _add_small(sub)
     return parser
@@ -113,13 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from fanfs._sizes import parse_size
-    from fanfs.compression import parse_codec
+    from fanfs.compression import CodecSpec, parse_codec
     from fanfs.pack import PackOptions, run_pack
+    from fanfs.plan import settings_from_args
 
+    auto = args.codec.strip().lower() == "auto"
     opts = PackOptions(
         src=args.src,
         out=args.out,
-        codec=parse_codec(args.codec),
+        codec=CodecSpec(0, 0) if auto else parse_codec(args.codec),
+        auto=settings_from_args(args) if auto else None,
         chunk_size=parse_size(args.chunk_size),
         partitions=args.partitions,
         broadcast=tuple(args.broadcast),
@@ -130,6 +177,12 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     )
     run_pack(opts)
     return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from fanfs.plan import run_plan
+
+    return run_plan(args)
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:

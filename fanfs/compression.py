@@ -1,17 +1,19 @@
 """Codecs: compress at pack time, decompress on the read path.
 
 Owns the codec registry (name <-> on-disk id), one-shot compress/decompress with per-thread
-contexts, and the translation of each library's exception into `DecompressionError`.
-Never does I/O and never knows about partitions, FUSE or MPI.
+contexts, zstd dictionaries (training, and compressing and decoding with them), and the
+translation of each library's exception into `DecompressionError`. Never does I/O and never
+knows about partitions, FUSE or MPI.
 
 Thread safety: every function here may be called from any thread. zstandard contexts are not
 safe for overlapping use, so each thread keeps its own (python-zstandard "Thread and Object
-Reuse Safety"); lz4.block and brotli's one-shot functions are stateless. All three libraries
-release the GIL while they work.
+Reuse Safety"); lz4.block, brotli's and lzma's one-shot functions are stateless. All four
+libraries release the GIL while they work.
 """
 
 from __future__ import annotations
 
+import lzma
 import threading
 from dataclasses import dataclass
 from typing import Final
@@ -27,11 +29,32 @@ CODEC_NONE: Final = 0
 CODEC_LZ4: Final = 1
 CODEC_ZSTD: Final = 2
 CODEC_BROTLI: Final = 3
+# Format version 2. lzma is the only codec that beats zstd-19 and brotli-11 on ratio for some
+# data (float arrays: 2.47x vs 2.23x and 2.40x here), at a tenth of their decode speed, so
+# only a capacity-bound plan picks it. zlib has no id: zstd-19 beat it on both ratio and
+# decode speed on every data set measured (docs/format.md section 6).
+CODEC_LZMA: Final = 4
 
-CODEC_NAMES: Final = {CODEC_NONE: "none", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd", CODEC_BROTLI: "brotli"}
-_CODEC_IDS: Final = {name: codec_id for codec_id, name in CODEC_NAMES.items()}
-_DEFAULT_LEVELS: Final = {CODEC_NONE: 0, CODEC_LZ4: 0, CODEC_ZSTD: 3, CODEC_BROTLI: 5}
-_LEVEL_RANGES: Final = {CODEC_NONE: (0, 0), CODEC_LZ4: (0, 0), CODEC_ZSTD: (1, 22), CODEC_BROTLI: (0, 11)}
+CODEC_NAMES: Final = {
+    CODEC_NONE: "none",
+    CODEC_LZ4: "lz4",
+    CODEC_ZSTD: "zstd",
+    CODEC_BROTLI: "brotli",
+    CODEC_LZMA: "lzma",
+}
+# `lz4hc` is lz4 (same id, same block format and decoder) compressed in high-compression mode:
+# CodecSpec(CODEC_LZ4, level) with level > 0.
+_CODEC_IDS: Final = {**{name: codec_id for codec_id, name in CODEC_NAMES.items()}, "lz4hc": CODEC_LZ4}
+_DEFAULT_LEVELS: Final = {"none": 0, "lz4": 0, "lz4hc": 9, "zstd": 3, "brotli": 5, "lzma": 6}
+_LEVEL_RANGES: Final = {
+    "none": (0, 0),
+    "lz4": (0, 0),
+    "lz4hc": (1, 12),
+    "zstd": (1, 22),
+    "brotli": (0, 11),
+    "lzma": (0, 9),
+}
+CODEC_CHOICES: Final = "none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL]"
 
 # Incompressible data is detected on a sample this large before compressing the whole object,
 # so a JPEG costs one fast zstd-1 pass over 64 KiB instead of a slow pass at the target level.
@@ -50,23 +73,25 @@ class CodecSpec:
 
     @property
     def name(self) -> str:
+        if self.codec_id == CODEC_LZ4 and self.level:
+            return "lz4hc"
         return CODEC_NAMES[self.codec_id]
 
     def __str__(self) -> str:
-        if self.codec_id in (CODEC_NONE, CODEC_LZ4):
+        if self.codec_id == CODEC_NONE or (self.codec_id == CODEC_LZ4 and not self.level):
             return self.name
         return "%s:%d" % (self.name, self.level)
 
 
 def parse_codec(text: str) -> CodecSpec:
-    """Parse a `--codec` value: `none`, `lz4`, `zstd[:LEVEL]`, `brotli[:LEVEL]`."""
+    """Parse a `--codec` value such as `none`, `lz4`, `lz4hc:9`, `zstd:3`, `brotli:5`, `lzma:6`."""
     name, _, level_text = text.strip().lower().partition(":")
     codec_id = _CODEC_IDS.get(name)
     if codec_id is None:
-        raise UsageError("unknown codec %r (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])" % text)
-    low, high = _LEVEL_RANGES[codec_id]
+        raise UsageError("unknown codec %r (choose %s)" % (text, CODEC_CHOICES))
+    low, high = _LEVEL_RANGES[name]
     if not level_text:
-        return CodecSpec(codec_id, _DEFAULT_LEVELS[codec_id])
+        return CodecSpec(codec_id, _DEFAULT_LEVELS[name])
     if low == high:
         raise UsageError("codec %s takes no level (got %r)" % (name, text))
     try:
@@ -79,82 +104,164 @@ def parse_codec(text: str) -> CodecSpec:
 
 
 _local = threading.local()
+# Per-thread context caches hold at most this many entries each: a pack or a mount uses a
+# handful of (level, dictionary) pairs, and a long-lived process must not grow without bound.
+_CONTEXT_CACHE_MAX: Final = 64
 
 
-def _zstd_compressor(level: int) -> zstandard.ZstdCompressor:
-    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "zc", None)
+def _cached(name: str, key: object, make: object) -> object:
+    cache: dict[object, object] | None = getattr(_local, name, None)
     if cache is None:
-        cache = _local.zc = {}
-    cctx = cache.get(level)
-    if cctx is None:
+        cache = {}
+        setattr(_local, name, cache)
+    ctx = cache.get(key)
+    if ctx is None:
+        if len(cache) >= _CONTEXT_CACHE_MAX:
+            cache.clear()
+        ctx = cache[key] = make()  # type: ignore[operator]
+    return ctx
+
+
+def _zstd_compressor(level: int, dictionary: bytes | None = None) -> zstandard.ZstdCompressor:
+    # Dictionaries are keyed by their bytes: Python caches a bytes object's hash, and the
+    # pack and the mount reuse one bytes object per dictionary, so a lookup is O(1).
+    def make() -> zstandard.ZstdCompressor:
         # Content size in the frame lets any zstd tool decode an object on its own; the
         # checksum is ours (crc32 over the stored bytes), so the frame's is left off.
-        cctx = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
-    return cctx
+        if dictionary is None:
+            return zstandard.ZstdCompressor(level=level, write_content_size=True)
+        return zstandard.ZstdCompressor(
+            level=level, write_content_size=True, dict_data=zstandard.ZstdCompressionDict(dictionary)
+        )
+
+    return _cached("zc", (level, dictionary), make)  # type: ignore[return-value]
 
 
-def _zstd_decompressor() -> zstandard.ZstdDecompressor:
-    dctx: zstandard.ZstdDecompressor | None = getattr(_local, "zd", None)
-    if dctx is None:
-        dctx = _local.zd = zstandard.ZstdDecompressor()
-    return dctx
+def _zstd_decompressor(dictionary: bytes | None = None) -> zstandard.ZstdDecompressor:
+    def make() -> zstandard.ZstdDecompressor:
+        if dictionary is None:
+            return zstandard.ZstdDecompressor()
+        return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(dictionary))
+
+    return _cached("zd", dictionary, make)  # type: ignore[return-value]
 
 
-def compress(data: bytes | memoryview, spec: CodecSpec) -> bytes:
-    """Compress `data` with `spec`; `none` returns the bytes unchanged."""
+def _lzma_filters(level: int, size: int) -> list[dict[str, int]]:
+    # The .lzma header records the dictionary size and the decoder allocates that much: the
+    # preset's 8 MiB for every 100 KB object would cost more than the decode itself.
+    dict_size = max(4096, min(1 << max(size - 1, 1).bit_length(), 1 << 26))
+    return [{"id": lzma.FILTER_LZMA1, "preset": level, "dict_size": dict_size}]
+
+
+def compress(data: bytes | memoryview, spec: CodecSpec, dictionary: bytes | None = None) -> bytes:
+    """Compress `data` with `spec`; `none` returns the bytes unchanged.
+
+    `dictionary` (zstd only) is a dictionary from `train_dictionary`; the frame records its id.
+    """
     if spec.codec_id == CODEC_ZSTD:
-        return _zstd_compressor(spec.level).compress(data)
+        return _zstd_compressor(spec.level, dictionary).compress(data)
+    if dictionary is not None:
+        raise ValueError("only zstd takes a dictionary, not %s" % spec)
     if spec.codec_id == CODEC_LZ4:
+        if spec.level:
+            return lz4.block.compress(data, store_size=False, mode="high_compression", compression=spec.level)
         return lz4.block.compress(data, store_size=False)
     if spec.codec_id == CODEC_BROTLI:
         return brotli.compress(bytes(data), quality=spec.level)
+    if spec.codec_id == CODEC_LZMA:
+        return lzma.compress(data, format=lzma.FORMAT_ALONE, filters=_lzma_filters(spec.level, len(data)))
     return bytes(data)
 
 
-def looks_incompressible(data: bytes | memoryview) -> bool:
-    """Guess cheaply whether `data` is not worth compressing (JPEG, PNG, random bytes)."""
+def looks_incompressible(data: bytes | memoryview, dictionary: bytes | None = None) -> bool:
+    """Guess cheaply whether `data` is not worth compressing (JPEG, PNG, random bytes).
+
+    With a `dictionary` the probe uses it: a 200-byte JSON record does not shrink on its own,
+    but does against a dictionary trained on its siblings.
+    """
     probe = data[:PROBE_BYTES]
     if len(probe) < 64:
         return False
-    return len(_zstd_compressor(1).compress(probe)) > len(probe) * (1 - MIN_SAVING)
+    return len(_zstd_compressor(1, dictionary).compress(probe)) > len(probe) * (1 - MIN_SAVING)
 
 
-def compress_object(data: bytes | memoryview, spec: CodecSpec) -> tuple[int, bytes]:
+def compress_object(
+    data: bytes | memoryview, spec: CodecSpec, dictionary: bytes | None = None
+) -> tuple[int, bytes]:
     """Compress one object for a pack: returns (codec id actually used, stored bytes).
 
     Objects that do not shrink by `MIN_SAVING` are stored raw (codec `none`), so they cost
     no decode time on the read path.
     """
-    if spec.codec_id == CODEC_NONE or not data or looks_incompressible(data):
+    if spec.codec_id == CODEC_NONE or not data or looks_incompressible(data, dictionary):
         return CODEC_NONE, bytes(data)
-    stored = compress(data, spec)
+    stored = compress(data, spec, dictionary)
     if len(stored) > len(data) * (1 - MIN_SAVING):
         return CODEC_NONE, bytes(data)
     return spec.codec_id, stored
 
 
-def decompress(codec_id: int, stored: bytes | memoryview, size: int) -> bytes | memoryview:
+def decompress(
+    codec_id: int, stored: bytes | memoryview, size: int, dictionary: bytes | None = None
+) -> bytes | memoryview:
     """Decode one stored object that must decode to exactly `size` bytes.
 
-    Returns `stored` itself for codec `none` (no copy). Raises `DecompressionError` for a
-    codec error, a wrong decoded size or an unknown codec id.
+    Returns `stored` itself for codec `none` (no copy). `dictionary` is the zstd dictionary
+    the object was compressed with (None for none). Raises `DecompressionError` for a codec
+    error, a wrong decoded size, an unknown codec id or a dictionary on a codec other than
+    zstd.
     """
-    if codec_id == CODEC_NONE:
+    if codec_id == CODEC_NONE and dictionary is None:
         out: bytes | memoryview = stored
     else:
         try:
             if codec_id == CODEC_ZSTD:
-                out = _zstd_decompressor().decompress(stored, max_output_size=size)
+                out = _zstd_decompressor(dictionary).decompress(stored, max_output_size=size)
+            elif dictionary is not None:
+                raise DecompressionError(
+                    "%s chunk refers to a dictionary (only zstd takes one)" % CODEC_NAMES.get(codec_id, "unknown codec")
+                )
             elif codec_id == CODEC_LZ4:
                 out = lz4.block.decompress(stored, uncompressed_size=size)
             elif codec_id == CODEC_BROTLI:
                 out = brotli.decompress(stored)
+            elif codec_id == CODEC_LZMA:
+                out = lzma.decompress(stored, format=lzma.FORMAT_ALONE)
             else:
                 raise DecompressionError("unknown codec id %d" % codec_id)
-        except (zstandard.ZstdError, lz4.block.LZ4BlockError, brotli.error) as exc:
+        except (zstandard.ZstdError, lz4.block.LZ4BlockError, brotli.error, lzma.LZMAError) as exc:
             raise DecompressionError("%s: %s" % (CODEC_NAMES[codec_id], exc)) from exc
     if len(out) != size:
         raise DecompressionError(
             "%s: decoded %d bytes, expected %d" % (CODEC_NAMES.get(codec_id, "?"), len(out), size)
         )
     return out
+
+
+# Dictionaries are only worth it for small objects; zstd's own guidance is a training set of
+# about 100 times the dictionary size, and its CLI caps dictionaries at 110 KiB.
+DICT_MAX_BYTES: Final = 112 * 1024
+DICT_MIN_BYTES: Final = 1024
+# Training needs this many samples at least (zstd refuses fewer than a handful).
+DICT_MIN_SAMPLES: Final = 16
+
+
+def dictionary_size(training_bytes: int) -> int:
+    """The dictionary size used for a training set of `training_bytes`."""
+    return max(DICT_MIN_BYTES, min(DICT_MAX_BYTES, training_bytes // 50))
+
+
+def train_dictionary(samples: list[bytes]) -> bytes | None:
+    """Train a zstd dictionary on `samples`; None when there is too little to learn from.
+
+    Deterministic: the same samples give the same bytes (one thread; zstd derives the
+    dictionary id from its content).
+    """
+    total = sum(len(s) for s in samples)
+    if len(samples) < DICT_MIN_SAMPLES or total < 8 * DICT_MIN_BYTES:
+        return None
+    try:
+        trained = zstandard.train_dictionary(dictionary_size(total), samples, threads=1)
+    except zstandard.ZstdError:
+        return None
+    return trained.as_bytes()

@@ -1,7 +1,8 @@
 """`fanfs pack SRC OUT`: walk a dataset tree, compress it in parallel, write a pack.
 
 Pipeline: a breadth-first walk (lstat only, symlinks never followed) builds the tree in the
-index's entry order; chunks are read and compressed by a thread pool (the codecs and reads
+index's entry order; with `--codec auto` the optimizer then profiles a sample and picks a codec
+(and maybe a zstd dictionary) per class of files; chunks are read and compressed by a thread pool (the codecs and reads
 release the GIL) and consumed strictly in order, so the pack is deterministic whatever
 `--jobs` is; `PackWriter` places them; the index and manifest come last, into a temporary
 directory that is renamed over OUT only when complete. Never imports trio, pyfuse3 or mpi4py.
@@ -32,6 +33,7 @@ from fanfs.compression import CODEC_NAMES, CodecSpec, compress_object
 from fanfs.errors import PackInputError, UsageError
 from fanfs.format.layout import MANIFEST_NAME, NAME_MAX
 from fanfs.format.writer import PackWriter
+from fanfs.optimizer import FileRef, Plan, PlanSettings, class_of, make_plan, plan_record
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,15 @@ class PackOptions:
     quiet: bool = False
     force: bool = False
     skip_unreadable: bool = False
+    auto: PlanSettings | None = None  # --codec auto: plan with these settings; `codec` unused
+
+
+class PlanInfeasibleError(UsageError):
+    """`--codec auto` cannot meet its constraint; `plan` is the closest plan."""
+
+    def __init__(self, message: str, plan: Plan) -> None:
+        super().__init__(message)
+        self.plan = plan
 
 
 @dataclass(slots=True)
@@ -67,8 +78,12 @@ class _Node:
     broadcast: bool
     children: list[int] = field(default_factory=list)
     target: bytes = b""
-    chunks: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    chunks: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     skipped: bool = False
+    spec: CodecSpec | None = None  # None: the pack's --codec
+    dict_id: int = 0
+    dictionary: bytes | None = None
+    cls: str = ""  # optimizer class, with --codec auto
 
 
 def display(path: bytes) -> str:
@@ -160,6 +175,16 @@ class _Walker:
         node.skipped = True
 
 
+def walk_tree(src: str, *, skip_unreadable: bool = False) -> list[FileRef]:
+    """The regular files under `src`, walked exactly as `fanfs pack` walks (for `fanfs plan`)."""
+    opts = PackOptions(src=src, out="", codec=CodecSpec(0, 0), skip_unreadable=skip_unreadable)
+    return _file_refs(_Walker(opts).walk())
+
+
+def _file_refs(nodes: list[_Node]) -> list[FileRef]:
+    return [FileRef(n.rel, n.path, n.st.st_size) for n in nodes if stat.S_ISREG(n.st.st_mode) and not n.skipped]
+
+
 def _read_and_compress(
     node: _Node, chunk_no: int, chunk_size: int, spec: CodecSpec
 ) -> tuple[int, bytes, int] | OSError:
@@ -187,7 +212,7 @@ def _read_and_compress(
         return exc
     finally:
         os.close(fd)
-    codec, stored = compress_object(data, spec)
+    codec, stored = compress_object(data, node.spec or spec, node.dictionary)
     return codec, stored, zlib.crc32(stored)
 
 
@@ -210,10 +235,14 @@ class Packer:
         self.opts = opts
         self.jobs = opts.jobs or os.cpu_count() or 1
         self.codec_stats: dict[str, list[int]] = {}
+        self.class_stats: dict[str, list[int]] = {}
+        self.plan: Plan | None = None
 
     def run(self) -> dict[str, Any]:
         out = os.path.abspath(self.opts.out)
         nodes = _Walker(self.opts).walk()
+        if self.opts.auto is not None:
+            self._make_plan(nodes, self.opts.auto)
         tmp = os.path.join(os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid()))
         os.mkdir(tmp)
         try:
@@ -235,12 +264,35 @@ class Packer:
         bcast_parts = default_partitions(bcast_bytes, len(tasks) - regular) if bcast_bytes else 0
         writer = PackWriter(tmp, partitions, bcast_parts)
         try:
+            self._apply_plan(writer, nodes)
             self._compress_all(writer, tasks, bytes_total)
             columns = _build_columns(nodes, self.opts.chunk_size)
             return writer.finish(columns, self._manifest_fields(nodes, columns, partitions))
         except BaseException:
             writer.abort()
             raise
+
+    def _make_plan(self, nodes: list[_Node], settings: PlanSettings) -> None:
+        plan = make_plan(_file_refs(nodes), settings, chunk_size=self.opts.chunk_size)
+        if not plan.selection.feasible:
+            raise PlanInfeasibleError(plan.selection.problem, plan)
+        self.plan = plan
+
+    def _apply_plan(self, writer: PackWriter, nodes: list[_Node]) -> None:
+        """Give every file its class's codec; store the dictionaries the plan uses."""
+        if self.plan is None:
+            return
+        known = self.plan.class_names
+        dict_ids: dict[str, int] = {}
+        for prof in self.plan.profiles:
+            spec, dictionary = self.plan.choice(prof.name)
+            if dictionary is not None:
+                dict_ids[prof.name] = writer.add_dictionary(dictionary, prof.name)
+        for node in nodes:
+            if stat.S_ISREG(node.st.st_mode):
+                node.cls = class_of(node.rel, known)
+                node.spec, node.dictionary = self.plan.choice(node.cls)
+                node.dict_id = dict_ids.get(node.cls, 0)
 
     def _compress_all(self, writer: PackWriter, tasks: list[tuple[_Node, int]], total: int) -> None:
         progress = Progress(total, len(tasks), enabled=not self.opts.quiet and sys.stderr.isatty())
@@ -282,12 +334,16 @@ class Packer:
             return
         codec, stored, crc = result
         partition, offset = writer.add_chunk(stored, node.broadcast)
-        node.chunks.append((partition, offset, len(stored), codec, crc))
+        # Raw chunks (the incompressible fallback) never refer to the dictionary.
+        dict_id = node.dict_id if codec != 0 else 0
+        node.chunks.append((partition, offset, len(stored), codec, crc, dict_id))
         usize = min(self.opts.chunk_size, node.st.st_size - (len(node.chunks) - 1) * self.opts.chunk_size)
-        stats = self.codec_stats.setdefault(CODEC_NAMES[codec], [0, 0, 0])
-        stats[0] += 1
-        stats[1] += usize
-        stats[2] += len(stored)
+        name = CODEC_NAMES[codec] + ("+dict" if dict_id else "")
+        for table, key in ((self.codec_stats, name), (self.class_stats, node.cls)):
+            stats = table.setdefault(key, [0, 0, 0])
+            stats[0] += 1
+            stats[1] += usize
+            stats[2] += len(stored)
         progress.advance(usize)
 
     def _manifest_fields(
@@ -299,7 +355,7 @@ class Packer:
             "created_by": "fanfs %s" % __version__,
             "chunk_size": self.opts.chunk_size,
             "options": {
-                "codec": str(self.opts.codec),
+                "codec": "auto" if self.plan else str(self.opts.codec),
                 "partitions": partitions,
                 "broadcast": list(self.opts.broadcast),
                 "chunk_size": self.opts.chunk_size,
@@ -316,7 +372,18 @@ class Packer:
                 name: {"chunks": c, "bytes_in": b_in, "bytes_out": b_out}
                 for name, (c, b_in, b_out) in sorted(self.codec_stats.items())
             },
+            "plan": self._plan_record(),
         }
+
+    def _plan_record(self) -> dict[str, Any] | None:
+        """The plan as planned, plus what each class realised (`fanfs inspect`)."""
+        if self.plan is None:
+            return None
+        record = plan_record(self.plan)
+        for row in record["classes"]:
+            chunks, b_in, b_out = self.class_stats.get(row["class"], [0, 0, 0])
+            row["realised"] = {"chunks": chunks, "bytes_in": b_in, "bytes_out": b_out + row["dictionary_bytes"]}
+        return record
 
 
 def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]:
@@ -325,7 +392,7 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
     new_id = {old: new for new, old in enumerate(alive)}
     names = bytearray()
     cols: dict[str, list[int]] = {k: [] for k in ("parent", "name_off", "name_len", "mode", "mtime_ns", "size", "first", "count")}
-    chunk_rows: list[tuple[int, int, int, int, int]] = []
+    chunk_rows: list[tuple[int, int, int, int, int, int]] = []
     for old in alive:
         node = nodes[old]
         cols["parent"].append(new_id[node.parent])
@@ -351,8 +418,8 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
             cols["count"].append(len(node.chunks))
             chunk_rows.extend(node.chunks)
     out = {k: np.array(v, dtype=np.int64 if k == "mtime_ns" else np.uint64) for k, v in cols.items()}
-    chunks = np.array(chunk_rows, dtype=np.uint64).reshape(-1, 5)
-    for i, name in enumerate(("partition", "offset", "csize", "codec", "crc32")):
+    chunks = np.array(chunk_rows, dtype=np.uint64).reshape(-1, 6)
+    for i, name in enumerate(("partition", "offset", "csize", "codec", "crc32", "dict")):
         out[name] = chunks[:, i]
     out["names"] = np.frombuffer(bytes(names), dtype=np.uint8)
     return out
@@ -426,9 +493,18 @@ def _row(name: str, chunks: int, b_in: int, b_out: int) -> str:
 
 
 def run_pack(opts: PackOptions) -> dict[str, Any]:
+    from fanfs.plan import plan_table
+
     check_inputs(opts)
-    manifest = Packer(opts).run()
+    try:
+        manifest = Packer(opts).run()
+    except PlanInfeasibleError as exc:
+        print(plan_table(plan_record(exc.plan)))
+        raise
     if not opts.quiet:
+        if manifest["plan"]:
+            print(plan_table(manifest["plan"]))
+            print()
         t = manifest["totals"]
         print(
             "packed %d files, %d directories, %d symlinks into %s (%d partitions)"

@@ -210,7 +210,7 @@ class ChunkStore:
         index = self.index
         if zlib.crc32(stored) != index.chunk_crc32[cid]:
             raise ChecksumError("checksum mismatch")
-        return decompress(index.chunk_codec[cid], stored, usize)
+        return decompress(index.chunk_codec[cid], stored, usize, self.reader.dictionary(index.chunk_dict[cid]))
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

@@ -43,9 +43,18 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
             len(parts) - len(bcast), format_size(int(sizes.min())), format_size(int(sizes.max())),
             len(bcast), format_size(sum(p["size"] for p in bcast))),
         "broadcast   %s" % (", ".join(opts["broadcast"]) or "(none)"),
-        "",
-        summary_table(manifest),
     ]
+    dicts = manifest.get("dictionaries") or []
+    if dicts:
+        lines.append("dictionaries %d (%s): %s" % (
+            len(dicts), format_size(sum(d["size"] for d in dicts)), ", ".join(d["class"] for d in dicts)))
+    lines += ["", summary_table(manifest)]
+    plan = manifest.get("plan")
+    if plan:
+        from fanfs.plan import realised_table, summary_lines
+
+        lines += ["", "codec plan (--codec auto), as planned and as realised:", realised_table(plan)]
+        lines += summary_lines(plan)
     return "\n".join(lines)
 
 
@@ -68,7 +77,8 @@ def _check_chunks(reader: PackReader, partition: int, owners: np.ndarray) -> lis
             stored = reader.read_stored(cid)
             if zlib.crc32(stored) != index.chunk_crc32[cid]:
                 raise CorruptDataError("checksum mismatch")
-            decompress(index.chunk_codec[cid], stored, reader.chunk_usize(entry, chunk_no))
+            usize = reader.chunk_usize(entry, chunk_no)
+            decompress(index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid]))
         except (CorruptDataError, OSError) as exc:
             bad.append("%s: chunk %d (partition %d): %s" % (display(index.path(entry)), chunk_no, partition, exc))
     return bad

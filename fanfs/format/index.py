@@ -1,7 +1,7 @@
 """The read-only index: entries (files, directories, symlinks), chunks and names.
 
 The index file is a set of little-endian column arrays (layout.ENTRY_COLUMNS,
-layout.CHUNK_COLUMNS, the names blob) described in the manifest. `Index` maps the file and
+layout.CHUNK_COLUMNS, the names blob, the dictionaries blob) described in the manifest. `Index` maps the file and
 exposes the columns two ways: numpy arrays for bulk work (inspect, statistics) and native
 memoryviews for the hot path, where indexing returns a Python int in tens of nanoseconds and
 no per-file Python object is ever built at load time.
@@ -24,7 +24,10 @@ import numpy as np
 from fanfs.errors import PackFormatError
 from fanfs.format.layout import (
     CHUNK_COLUMNS,
+    CHUNK_COLUMNS_V1,
     COLUMN_ALIGN,
+    DICTS_COLUMN,
+    FORMAT_VERSION,
     ENTRY_COLUMNS,
     INDEX_NAME,
     NAMES_COLUMN,
@@ -40,7 +43,7 @@ def encode_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, list[dict[str
     parts: list[bytes] = []
     descriptors: list[dict[str, Any]] = []
     offset = 0
-    for name, dtype in (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN):
+    for name, dtype in (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN):
         data = np.ascontiguousarray(columns[name], dtype=dtype).tobytes()
         descriptors.append({"name": name, "dtype": dtype, "offset": offset, "length": len(data)})
         pad = -len(data) % COLUMN_ALIGN
@@ -58,7 +61,7 @@ class Index:
         arrays: numpy view of every column, by name.
     """
 
-    def __init__(self, pack_dir: str, meta: dict[str, Any]) -> None:
+    def __init__(self, pack_dir: str, meta: dict[str, Any], version: int = FORMAT_VERSION) -> None:
         if sys.byteorder != "little":
             raise PackFormatError("fanfs packs are little-endian; this host is not")
         path = os.path.join(pack_dir, INDEX_NAME)
@@ -87,7 +90,13 @@ class Index:
             views[col["name"]] = raw.cast(_NATIVE[dtype])
         self.entry_count = meta["entries"]
         self.chunk_count = meta["chunks"]
+        self._chunk_columns = CHUNK_COLUMNS if version >= 2 else CHUNK_COLUMNS_V1
         self._check_shapes(pack_dir, views)
+        if version < 2:
+            # Version 1 has no dictionaries: every chunk refers to none.
+            self.arrays["dict"] = np.zeros(self.chunk_count, dtype="<u2")
+            self.arrays["dicts"] = np.zeros(0, dtype="<u1")
+            views["dict"] = memoryview(self.arrays["dict"]).cast("B").cast("H")
         # Hot-path columns, bound once: attribute loads are cheaper than dict lookups.
         self.parent = views["parent"]
         self.name_off = views["name_off"]
@@ -102,16 +111,19 @@ class Index:
         self.chunk_csize = views["csize"]
         self.chunk_codec = views["codec"]
         self.chunk_crc32 = views["crc32"]
+        self.chunk_dict = views["dict"]
         self.names = views["names"]
 
     def _check_shapes(self, pack_dir: str, views: dict[str, memoryview]) -> None:
         expected = {name: self.entry_count for name, _ in ENTRY_COLUMNS}
-        expected.update({name: self.chunk_count for name, _ in CHUNK_COLUMNS})
+        expected.update({name: self.chunk_count for name, _ in self._chunk_columns})
         for name, rows in expected.items():
             if name not in views or len(views[name]) != rows:
                 raise PackFormatError("%s: index column %s has the wrong length" % (pack_dir, name))
         if "names" not in views or self.entry_count < 1:
             raise PackFormatError("%s: index has no root entry" % pack_dir)
+        if self._chunk_columns is CHUNK_COLUMNS and "dicts" not in views:
+            raise PackFormatError("%s: index column dicts is missing" % pack_dir)
 
     def close(self) -> None:
         """Release the mapping. Only valid once no view of a column is alive anymore."""

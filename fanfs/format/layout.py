@@ -2,7 +2,8 @@
 
 A pack is a directory (docs/format.md):
     fanfs.manifest   header (magic, version, length, crc32) + canonical JSON
-    index            little-endian column arrays (entries, chunks, names blob)
+    index            little-endian column arrays (entries, chunks, names blob, and from
+                     version 2 the zstd dictionaries blob the chunks' `dict` column refers to)
     part-NNNNN       partitions: concatenated stored (compressed or raw) chunks
 Never does I/O beyond reading and writing the manifest file itself.
 """
@@ -19,7 +20,11 @@ from typing import Any, Final
 from fanfs.errors import PackFormatError, PackVersionError, UsageError
 
 MAGIC: Final = b"FANFSPK\n"
-FORMAT_VERSION: Final = 1
+# Version written. Version 2 added zstd dictionaries (the index's `dicts` blob, the chunk
+# column `dict`, the manifest's `dictionaries`), the manifest's `plan` and codec 4 (lzma).
+FORMAT_VERSION: Final = 2
+# Versions read. A version-1 pack reads as a version-2 pack without dictionaries.
+READABLE_VERSIONS: Final = (1, 2)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 _HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
@@ -45,8 +50,15 @@ CHUNK_COLUMNS: Final = (
     ("csize", "<u4"),  # stored (compressed) size in bytes
     ("codec", "<u1"),  # codec id (compression.CODEC_*)
     ("crc32", "<u4"),  # zlib crc32 of the stored bytes
+    ("dict", "<u2"),  # zstd dictionary id (manifest `dictionaries`), 0 = none; version 2
 )
+# Version 1 had no `dict` column.
+CHUNK_COLUMNS_V1: Final = CHUNK_COLUMNS[:-1]
 NAMES_COLUMN: Final = ("names", "<u1")
+# Version 2: every dictionary's bytes, back to back (manifest `dictionaries` gives offsets).
+# In the index rather than in files of their own so that whoever has the index (every node
+# of a cluster, after rank 0's broadcast) has the dictionaries too.
+DICTS_COLUMN: Final = ("dicts", "<u1")
 COLUMN_ALIGN: Final = 8
 NAME_MAX: Final = 255
 
@@ -78,7 +90,7 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
     if len(raw) < _HEADER.size:
         raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
     _, version, length, crc = _HEADER.unpack_from(raw)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise PackVersionError(
             "%s: pack format version %d is not supported (this fanfs reads version %d)"
             % (pack_dir, version, FORMAT_VERSION)
@@ -90,6 +102,8 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
         manifest: dict[str, Any] = json.loads(body)
     except ValueError as exc:
         raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
+    if not isinstance(manifest, dict) or manifest.get("format_version") != version:
+        raise PackFormatError("%s: manifest does not match its header's format version %d" % (pack_dir, version))
     return manifest
 
 

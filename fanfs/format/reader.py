@@ -1,7 +1,8 @@
 """`PackReader`: open and validate a pack, and hand out stored chunk bytes.
 
 Validation at open (manifest magic, version and checksum; index size and checksum; every
-partition present with the size the manifest gives) is cheap and catches wrong, truncated or
+partition present with the size the manifest gives; every dictionary's bounds and checksum,
+since dictionaries are small and copied out of the index whole) is cheap and catches wrong, truncated or
 half-copied packs before anything is mounted. Partition checksums are only checked by
 `verify_partition` (fanfs verify, staging), since that reads every byte.
 
@@ -17,7 +18,7 @@ import zlib
 from collections.abc import Collection
 from typing import Any, Final
 
-from fanfs.errors import PackFormatError
+from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
 from fanfs.format.layout import raise_open_file_limit, read_manifest
 
@@ -33,6 +34,7 @@ class PackReader:
         manifest: the decoded manifest.
         index: the loaded `Index`.
         chunk_size: uncompressed size of every chunk but the last of each file.
+        format_version: the pack's format version (1 or 2).
     """
 
     def __init__(self, path: str, *, local: Collection[int] | None = None) -> None:
@@ -40,10 +42,16 @@ class PackReader:
         others live on other nodes, cluster mode) and only they must be present."""
         self.path = path
         self.manifest: dict[str, Any] = read_manifest(path)
+        self.format_version: int = self.manifest["format_version"]
         try:
             self.chunk_size: int = int(self.manifest["chunk_size"])
             self.partitions: list[dict[str, Any]] = self.manifest["partitions"]
-            self.index = Index(path, self.manifest["index"])
+            self.index = Index(path, self.manifest["index"], self.format_version)
+            # Position = dictionary id; id 0 means "no dictionary".
+            self._dicts: list[bytes | None] = [None]
+            if self.format_version >= 2:
+                for number, meta in enumerate(self.manifest["dictionaries"], 1):
+                    self._dicts.append(self._load_dictionary(number, meta))
         except (KeyError, TypeError, ValueError) as exc:
             raise PackFormatError("%s: manifest lacks a valid %s" % (path, exc)) from exc
         self._fds: list[int] = []
@@ -64,6 +72,28 @@ class PackReader:
         except BaseException:
             self.close()
             raise
+
+    def _load_dictionary(self, number: int, meta: dict[str, Any]) -> bytes:
+        blob = self.index.arrays["dicts"]
+        start, size = int(meta["offset"]), int(meta["size"])
+        data = blob[start : start + size].tobytes()
+        if meta["id"] != number or start < 0 or len(data) != size or zlib.crc32(data) != meta["crc32"]:
+            raise PackFormatError("%s: dictionary %d does not match the index" % (self.path, number))
+        return data
+
+    def dictionary(self, dict_id: int) -> bytes | None:
+        """The bytes of dictionary `dict_id` (None for 0). O(1), any thread.
+
+        Raises:
+            DecompressionError: no such dictionary (a corrupt chunk table).
+        """
+        if 0 <= dict_id < len(self._dicts):
+            return self._dicts[dict_id]
+        raise DecompressionError("unknown dictionary id %d" % dict_id)
+
+    @property
+    def dictionary_count(self) -> int:
+        return len(self._dicts) - 1
 
     def _open_partition(self, part: dict[str, Any]) -> None:
         file_path = os.path.join(self.path, part["file"])

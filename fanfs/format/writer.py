@@ -46,10 +46,27 @@ class PackWriter:
         self._dir = out_dir
         self._parts: list[_Partition] = []
         self._heaps: dict[bool, list[tuple[int, int]]] = {False: [], True: []}
+        self._dicts: list[dict[str, Any]] = []
+        self._dict_blob = bytearray()
         for number in range(partitions + broadcast_partitions):
             broadcast = number >= partitions
             self._parts.append(_Partition(os.path.join(out_dir, partition_name(number)), broadcast))
             self._heaps[broadcast].append((0, number))
+
+    def add_dictionary(self, data: bytes, class_name: str) -> int:
+        """Add one zstd dictionary (stored in the index); returns its id (1, 2, ...)."""
+        dict_id = len(self._dicts) + 1
+        self._dicts.append(
+            {
+                "id": dict_id,
+                "offset": len(self._dict_blob),
+                "size": len(data),
+                "crc32": zlib.crc32(data),
+                "class": class_name,
+            }
+        )
+        self._dict_blob += data
+        return dict_id
 
     def add_chunk(self, stored: bytes, broadcast: bool) -> tuple[int, int]:
         """Append one stored chunk; returns (partition, offset)."""
@@ -78,6 +95,7 @@ class PackWriter:
             os.fsync(part.fd)
             os.close(part.fd)
             part.fd = -1
+        columns = {**columns, "dicts": np.frombuffer(bytes(self._dict_blob), dtype=np.uint8)}
         blob, descriptors = encode_columns(columns)
         self._write_file(INDEX_NAME, blob)
         manifest = dict(manifest)
@@ -100,6 +118,7 @@ class PackWriter:
             }
             for number, part in enumerate(self._parts)
         ]
+        manifest["dictionaries"] = self._dicts
         # The manifest goes last: a directory without one is never taken for a pack.
         self._write_file(MANIFEST_NAME, encode_manifest(manifest))
         dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)

@@ -3,7 +3,8 @@
     python tests/data/make_golden.py
 
 Writes `src.tar.gz` (the source tree, with names, modes, mtimes and symlinks) and one pack per
-codec (`zstd.fan`, `lz4.fan`, `brotli.fan`) packed from it. Commit them and never regenerate
+codec (`zstd.fan`, `lz4.fan`, `brotli.fan`; from version 2 also `lzma.fan`, and `auto.fan`,
+whose plan stores small JSON files with a zstd dictionary) packed from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
@@ -22,6 +23,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MTIME = 1_700_000_000  # whole seconds: tar stores seconds, packs store ns
 CODECS = {"zstd.fan": "zstd:3", "lz4.fan": "lz4", "brotli.fan": "brotli:5"}
+# Version 2: codec 4 and the optimizer. The plan's budget is huge and the read model fixed,
+# so it picks the smallest candidate of each class: the dictionary for the ann/*.json class.
+CODECS_V2 = {
+    **CODECS,
+    "lzma.fan": "lzma:6",
+    "auto.fan": "auto --codecs zstd:3,zstd:19+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
+}
 PACK_ARGS = [
     "--chunk-size",
     "4KiB",
@@ -44,8 +52,26 @@ def _text(n: int, seed: int) -> bytes:
     return bytes(out[:n])
 
 
-def build_tree(root: Path) -> None:
-    """The golden source tree: small, but one of every kind of entry and chunk."""
+def _record(i: int) -> bytes:
+    rng = random.Random(100 + i)
+    return (
+        '{"image_id": %d, "file": "img_%06d.jpg", "bbox": [%.1f, %.1f, %.1f, %.1f], '
+        '"category": "class_%03d", "iscrowd": 0, "caption": "%s"}\n'
+        % (
+            i,
+            rng.randrange(10**6),
+            *(rng.uniform(0, 640) for _ in range(4)),
+            rng.randrange(80),
+            " ".join(rng.choice(["a", "dog", "on", "the", "red", "car", "road"]) for _ in range(12)),
+        )
+    ).encode()
+
+
+def build_tree(root: Path, version: int) -> None:
+    """The golden source tree: small, but one of every kind of entry and chunk.
+
+    Version 2 adds 64 small JSON files (`ann/`), a class the optimizer gives a dictionary.
+    """
     b = os.fsencode(root)
     files: dict[bytes, tuple[bytes, int]] = {
         b"README.txt": (b"fanfs golden pack, format version 1\n", 0o644),
@@ -61,6 +87,10 @@ def build_tree(root: Path) -> None:
         "names/ünïcødé.txt".encode(): ("unicode ✓\n".encode(), 0o644),
         b"names/" + b"n" * 255: (b"255-byte name\n", 0o644),
     }
+    if version >= 2:
+        files[b"README.txt"] = (b"fanfs golden pack, format version %d\n" % version, 0o644)
+        for i in range(64):
+            files[b"ann/%04d.json" % i] = (_record(i) * (2 + i % 3), 0o644)
     os.makedirs(b + b"/empty_dir")
     for rel, (data, mode) in files.items():
         path = b + b"/" + rel
@@ -110,9 +140,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
-        build_tree(src)
+        build_tree(src, FORMAT_VERSION)
         write_tar(src, out / "src.tar.gz")
-        for name, codec in CODECS.items():
+        for name, codec in (CODECS_V2 if FORMAT_VERSION >= 2 else CODECS).items():
             cmd = [
                 sys.executable,
                 "-m",
@@ -121,7 +151,7 @@ def main() -> None:
                 str(src),
                 str(out / name),
                 "--codec",
-                codec,
+                *codec.split(),
                 *PACK_ARGS,
             ]
             subprocess.run(cmd, check=True)

@@ -222,9 +222,9 @@ def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("gzip", "unknown codec 'gzip' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
-        ("", "unknown codec '' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
-        ("zstd3", "unknown codec 'zstd3' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])"),
+        ("gzip", "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL])"),
+        ("", "unknown codec '' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL])"),
+        ("zstd3", "unknown codec 'zstd3' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL])"),
         ("zstd:fast", "invalid level in 'zstd:fast': zstd levels are 1..22"),
         ("zstd:1.5", "invalid level in 'zstd:1.5': zstd levels are 1..22"),
         ("zstd:0", "invalid level in 'zstd:0': zstd levels are 1..22"),

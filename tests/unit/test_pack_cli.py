@@ -217,7 +217,7 @@ def test_out_parent_missing(src: Path, tmp_path: Path) -> None:
     [
         (
             ["--codec", "gzip"],
-            "unknown codec 'gzip' (choose none, lz4, zstd[:LEVEL] or brotli[:LEVEL])",
+            "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL])",
         ),
         (["--codec", "lz4:3"], "codec lz4 takes no level (got 'lz4:3')"),
         (

@@ -16,7 +16,7 @@ from fanfs import __version__
 from fanfs._sizes import format_size
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.index import ROOT_ID
-from fanfs.format.layout import MANIFEST_NAME
+from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
 from fanfs.format.reader import PackReader
 from tests.conftest import run_fanfs
 
@@ -178,7 +178,7 @@ def test_inspect(good_pack: Path) -> None:
     lines = result.stdout.splitlines()
     fields = {line[:12].strip(): line[12:] for line in lines[:7]}
     assert fields["pack"] == str(good_pack)
-    assert fields["format"] == "version 1, fanfs %s" % __version__
+    assert fields["format"] == "version %d, fanfs %s" % (FORMAT_VERSION, __version__)
     assert fields["options"] == "codec zstd:3, chunk size 64.0 KiB"
     assert fields["entries"] == "6 files, 3 directories, 1 symlinks"
     bytes_in = sum(len(d) for d in FILES.values())
@@ -200,7 +200,7 @@ def test_inspect_json(good_pack: Path) -> None:
     result = run_fanfs("inspect", "--json", good_pack)
     assert (result.returncode, result.stderr) == (0, "")
     manifest = json.loads(result.stdout)
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == FORMAT_VERSION
     assert manifest["totals"]["files"] == 6
     assert manifest["totals"]["symlinks"] == 1
     assert manifest["totals"]["bytes_in"] == sum(len(d) for d in FILES.values())
@@ -233,11 +233,11 @@ def test_not_a_pack(tmp_path: Path, command: str) -> None:
 def test_newer_format_version(pack: Path, command: str) -> None:
     manifest = pack / MANIFEST_NAME
     raw = bytearray(manifest.read_bytes())
-    struct.pack_into("<I", raw, 8, 2)
+    struct.pack_into("<I", raw, 8, FORMAT_VERSION + 1)
     manifest.write_bytes(bytes(raw))
     result = run_fanfs(command, pack)
     assert result.returncode == 3
     assert result.stderr.splitlines() == [
-        "fanfs %s: error: %s: pack format version 2 is not supported (this fanfs reads version 1)"
-        % (command, pack)
+        "fanfs %s: error: %s: pack format version %d is not supported (this fanfs reads version %d)"
+        % (command, pack, FORMAT_VERSION + 1, FORMAT_VERSION)
     ]

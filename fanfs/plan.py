@@ -1,0 +1,188 @@
+"""`fanfs plan SRC`: profile a dataset and print the codec plan `fanfs pack --codec auto` would
+use; also the option parsing and the plan table shared with `pack` and `inspect`.
+
+Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any, Final
+
+from fanfs._sizes import format_size, parse_size
+from fanfs.errors import UsageError
+from fanfs.optimizer import (
+    DEFAULT_CODECS,
+    Plan,
+    PlanSettings,
+    ReadModel,
+    make_plan,
+    parse_candidates,
+    plan_record,
+)
+
+_RATE_RE: Final = re.compile(r"^\s*([0-9.]+)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
+
+
+def parse_percent(text: str) -> float:
+    """`5%` or `0.05` -> 0.05."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise UsageError("invalid percentage %r (expected e.g. 5%%)" % text) from None
+    if not 0 <= value <= 100:
+        raise UsageError("invalid percentage %r" % text)
+    return value
+
+
+def parse_rate(text: str) -> tuple[float | None, float | None]:
+    """`--target-rate`: `2000` or `2000files/s` (files per second) or `500MB/s` (bytes per
+    second, any size unit). Returns (files per s, bytes per s), one of them None."""
+    match = _RATE_RE.match(text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        if match is None:
+            raise ValueError
+        if unit in ("", "files", "file", "f"):
+            value = float(match.group(1))
+            if value <= 0:
+                raise ValueError
+            return value, None
+        value = parse_size(match.group(1) + match.group(2))
+        if value <= 0:
+            raise ValueError
+        return None, float(value)
+    except (UsageError, ValueError):
+        raise UsageError("invalid rate %r (expected e.g. 2000files/s or 500MB/s)" % text) from None
+
+
+def _number(text: str, what: str, *, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0 or (positive and value == 0) or value != value or value == float("inf"):
+        raise UsageError("%s must be a %s number (got %r)" % (what, "positive" if positive else "non-negative", text))
+    return value
+
+
+def settings_from_args(args: argparse.Namespace) -> PlanSettings:
+    files_rate, bytes_rate = parse_rate(args.target_rate) if args.target_rate else (None, None)
+    mode = args.mode or ("prefetch" if args.target_rate else "sync")
+    if mode == "prefetch" and not args.target_rate:
+        raise UsageError("--mode prefetch needs --target-rate")
+    read_model = None
+    if args.read_mbps is not None or args.read_latency_ms is not None:
+        if args.read_mbps is None or args.read_latency_ms is None:
+            raise UsageError("give both --read-mbps and --read-latency-ms, or neither")
+        read_model = ReadModel(
+            _number(args.read_latency_ms, "--read-latency-ms", positive=False) / 1e3,
+            _number(args.read_mbps, "--read-mbps", positive=True) * 1e6,
+            "given",
+        )
+    capacity = parse_size(args.capacity) if args.capacity else None
+    compute = _number(args.compute_ms, "--compute-ms", positive=False)
+    return PlanSettings(
+        mode="capacity" if capacity is not None else mode,
+        max_overhead=parse_percent(args.max_overhead),
+        compute_s=compute / 1e3,
+        read_model=read_model,
+        target_files_per_s=files_rate,
+        target_bytes_per_s=bytes_rate,
+        decode_cores=_number(args.decode_cores, "--decode-cores", positive=True),
+        capacity_bytes=capacity,
+        check_mode=(args.mode or ("prefetch" if args.target_rate else None)) if capacity is not None else None,
+        sample_bytes=parse_size(args.sample_bytes),
+        time_budget_s=_number(args.time_budget, "--time-budget", positive=True),
+        seed=args.seed,
+        candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
+    )
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _ratio(b_in: int, b_out: int) -> str:
+    return "%.2fx" % (b_in / b_out) if b_out else "-"
+
+
+def plan_table(record: dict[str, Any]) -> str:
+    """The plan table and its summary lines, from a `plan_record` (also the manifest's)."""
+    head = "%-18s %8s %11s  %-13s %7s %8s %7s %11s %16s" % (
+        "class", "files", "bytes", "codec", "ratio", "dec MB/s", "budget", "projected", "sample")
+    lines = [head]
+    for row in record["classes"]:
+        lines.append("%-18s %8d %11s  %-13s %7s %8s %7s %11s %16s" % (
+            row["class"][:18], row["files"], format_size(row["bytes"]), row["codec"],
+            "%.2fx" % row["ratio"], "%.0f" % row["decode_mbps"] if row["decode_mbps"] else "-",
+            "%.1f%%" % (100 * row["budget_share"]) if row["budget_share"] else "-",
+            format_size(row["projected_bytes"]),
+            "%d / %s" % (row["sample_units"], format_size(row["sample_bytes"]))))
+    lines.append("%-18s %8d %11s  %-13s %7s %8s %7s %11s" % (
+        "total", record["files"], format_size(record["bytes"]), "", _ratio(record["bytes"], record["projected_bytes"]),
+        "", "%.1f%%" % (100 * record["decode_s"] / record["budget_s"]) if record["budget_s"] else "-",
+        format_size(record["projected_bytes"])))
+    return "\n".join(lines + [""] + summary_lines(record))
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    s = record["settings"]
+    files = max(record["files"], 1)
+    out = []
+    budget, decode = record["budget_s"], record["decode_s"]
+    mode = record["check_mode"] if record["mode"] == "capacity" else record["mode"]
+    if record["mode"] == "capacity":
+        out.append("objective   least decode time that fits in %s" % format_size(s["capacity_bytes"]))
+    if mode == "sync":
+        out.append("budget      sync: decode may add %g%% to the time to read a sample raw%s" % (
+            100 * s["max_overhead"], " plus %g ms of compute" % s["compute_ms"] if s["compute_ms"] else ""))
+        out.append("read model  %.3f ms + size / %.0f MB/s per file (%s)" % (
+            s["read_latency_ms"], s["read_mbps"],
+            "measured reading the sample from SRC; set --read-mbps and --read-latency-ms for the"
+            " storage the pack will be read from" if s["read_model"] == "measured" else "given"))
+    elif mode == "prefetch":
+        target = ("%g files/s" % s["target_files_per_s"]) if s["target_files_per_s"] else ("%g MB/s" % s["target_mbps"])
+        out.append("budget      prefetch: decoding on %g cores must keep up with %s" % (s["decode_cores"], target))
+        if decode:
+            out.append("            this plan decodes up to %.0f files/s (%s/s) on %g cores" % (
+                files * s["decode_cores"] / decode, format_size(record["bytes"] * s["decode_cores"] / decode),
+                s["decode_cores"]))
+    if budget is not None:
+        out.append("decode      %.3f s per epoch on one thread, %.1f%% of the budget of %.3f s; %.1f us per file" % (
+            decode, 100 * decode / budget if budget else 0.0, budget, 1e6 * decode / files))
+    else:
+        out.append("decode      %.3f s per epoch on one thread; %.1f us per file" % (decode, 1e6 * decode / files))
+    solver = "optimal" if record["exact"] else "within %.2f%% of optimal" % (100 * record["gap"])
+    out.append("solver      %s (multiple-choice knapsack over %d candidates)" % (solver, len(s["candidates"])))
+    smp = record["sample"]
+    out.append("sample      %d units, %s, profiled in %.1f s, seed %d; ratios and speeds measured on this host, one thread" % (
+        smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"]))
+    return out
+
+
+def realised_table(record: dict[str, Any]) -> str:
+    """`fanfs inspect`: each class's planned and realised ratio."""
+    lines = ["%-18s %-13s %9s %9s %11s %11s" % ("class", "codec", "planned", "realised", "bytes in", "stored")]
+    for row in record["classes"]:
+        real = row.get("realised", {})
+        lines.append("%-18s %-13s %9s %9s %11s %11s" % (
+            row["class"][:18], row["codec"], "%.2fx" % row["ratio"],
+            _ratio(real.get("bytes_in", 0), real.get("bytes_out", 0)),
+            format_size(real.get("bytes_in", 0)), format_size(real.get("bytes_out", 0))))
+    return "\n".join(lines)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from fanfs.pack import walk_tree
+
+    settings = settings_from_args(args)
+    chunk_size = parse_size(args.chunk_size)
+    files = walk_tree(args.src, skip_unreadable=args.skip_unreadable)
+    plan: Plan = make_plan(files, settings, chunk_size=chunk_size)
+    record = plan_record(plan)
+    print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
+    if not plan.selection.feasible:
+        raise UsageError(plan.selection.problem)
+    return 0
