@@ -1,0 +1,373 @@
+"""The compressor optimizer: the knapsack solver against brute force, the budget arithmetic of
+both modes and the capacity dual, classes and sampling, plan determinism with a fixed seed and
+injected measurements, and the messages for constraints no plan can meet."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from fanfs.compression import parse_codec
+from fanfs.errors import UsageError
+from fanfs.optimizer import (
+    FALLBACK_CLASS,
+    NONE,
+    Candidate,
+    ClassProfile,
+    Estimate,
+    FileRef,
+    Measurement,
+    Objective,
+    PlanSettings,
+    ReadModel,
+    build_classes,
+    class_of,
+    decode_budget,
+    fit_read_model,
+    make_plan,
+    parse_candidates,
+    plan_record,
+    select,
+    solve_mckp,
+)
+from fanfs.plan import parse_percent, parse_rate
+from tests.conftest import run_fanfs
+
+# --- the solver -------------------------------------------------------------------------------
+
+
+def _brute(options: Sequence[Sequence[tuple[float, float]]], budget: float) -> float | None:
+    best = None
+    for combo in itertools.product(*options):
+        if sum(w for w, _ in combo) <= budget + 1e-9:
+            value = sum(v for _, v in combo)
+            best = value if best is None else min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_knapsack_is_optimal_on_small_random_cases(seed: int) -> None:
+    rng = random.Random(seed)
+    groups = rng.randint(1, 5)
+    options = [
+        [(rng.choice([0, rng.uniform(0, 10), rng.randint(0, 5)]), rng.uniform(0, 100)) for _ in range(rng.randint(1, 5))]
+        for _ in range(groups)
+    ]
+    budget = rng.uniform(0, 5 * groups)
+    expected = _brute(options, budget)
+    sol = solve_mckp(options, budget)
+    if expected is None:
+        assert sol is None
+        return
+    assert sol is not None and sol.exact
+    assert len(sol.choice) == groups
+    weight = sum(options[g][c][0] for g, c in enumerate(sol.choice))
+    value = sum(options[g][c][1] for g, c in enumerate(sol.choice))
+    assert weight <= budget + 1e-9
+    assert value == pytest.approx(expected, abs=1e-9)
+    assert (sol.weight, sol.value) == pytest.approx((weight, value))
+
+
+def test_knapsack_is_optimal_with_integer_ties() -> None:
+    # Many equal totals: the solver must still return an optimal, feasible choice.
+    rng = random.Random(7)
+    for _ in range(200):
+        options = [[(rng.randint(0, 3), rng.randint(0, 3)) for _ in range(3)] for _ in range(4)]
+        budget = rng.randint(0, 8)
+        sol = solve_mckp(options, budget)
+        expected = _brute(options, budget)
+        assert (sol is None) == (expected is None)
+        if sol is not None:
+            assert sol.value == expected
+            assert sol.weight <= budget
+
+
+def test_knapsack_beats_greedy() -> None:
+    # Greedy by best value per weight takes group 0's big saving first and then cannot
+    # afford group 1's; the optimum spends the budget the other way round.
+    options = [[(0, 100), (6, 40)], [(0, 100), (5, 45)], [(0, 100), (5, 45)]]
+    sol = solve_mckp(options, 10)
+    assert sol is not None
+    assert sol.choice == (0, 1, 1)
+    assert sol.value == 190
+
+
+def test_knapsack_without_groups() -> None:
+    sol = solve_mckp([], 0)
+    assert sol is not None and sol.choice == () and sol.value == 0
+
+
+# --- selection and budgets --------------------------------------------------------------------
+
+ZSTD3 = Candidate(parse_codec("zstd:3"))
+ZSTD19 = Candidate(parse_codec("zstd:19"))
+LZ4 = Candidate(parse_codec("lz4"))
+
+
+def _prof(name: str, size: int, *ests: tuple[Candidate, int, float]) -> ClassProfile:
+    estimates = [Estimate(NONE, size, 0.0, 0.0, 1, size)]
+    estimates += [Estimate(c, stored, dec, 1.0, 1, size) for c, stored, dec in ests]
+    return ClassProfile(name, 10, size, estimates)
+
+
+PROFILES = [
+    _prof("a/*.json", 1000, (LZ4, 500, 1.0), (ZSTD3, 300, 2.0), (ZSTD19, 250, 2.5)),
+    _prof("b/*.npy", 1000, (LZ4, 900, 1.0), (ZSTD3, 600, 4.0), (ZSTD19, 550, 5.0)),
+    _prof("c/*.jpg", 1000, (LZ4, 1000, 0.5), (ZSTD3, 990, 1.0)),
+]
+
+
+def test_select_under_a_decode_budget() -> None:
+    sel = select(PROFILES, Objective("sync", 6.0))
+    assert sel.feasible and sel.exact
+    # zstd:19 on a/ would leave only lz4 for b/ (2150 bytes in all); zstd:3 on both uses the
+    # budget exactly for 1900.
+    assert [str(e.candidate) for e in sel.choices] == ["zstd:3", "zstd:3", "none"]
+    assert (sel.stored_bytes, sel.decode_s) == (300 + 600 + 1000, 6.0)
+
+
+def test_incompressible_class_is_stored_raw_at_no_decode_cost() -> None:
+    # c/*.jpg: zstd:3 saves 1% at a decode cost; even with an unlimited budget the plan only
+    # takes it because it is smaller. A tie in size goes to none.
+    tie = [_prof("c/*.jpg", 1000, (LZ4, 1000, 0.5), (ZSTD3, 1000, 1.0))]
+    sel = select(tie, Objective("sync", 1e9))
+    assert sel.choices[0].candidate == NONE
+    assert sel.decode_s == 0
+
+
+def test_zero_budget_stores_everything_raw() -> None:
+    sel = select(PROFILES, Objective("prefetch", 0.0))
+    assert sel.feasible
+    assert all(e.candidate == NONE for e in sel.choices)
+
+
+def test_capacity_minimises_decode() -> None:
+    sel = select(PROFILES, Objective("capacity", None, 2000))
+    assert sel.feasible and sel.stored_bytes <= 2000
+    brute = min(
+        (sum(e.decode_s for e in combo), combo)
+        for combo in itertools.product(*(p.estimates for p in PROFILES))
+        if sum(e.stored_bytes for e in combo) <= 2000
+    )
+    assert sel.decode_s == pytest.approx(brute[0])
+
+
+def test_capacity_too_small_gives_the_smallest_plan_and_says_so() -> None:
+    sel = select(PROFILES, Objective("capacity", None, 1000))
+    assert not sel.feasible
+    assert sel.stored_bytes == 250 + 550 + 990
+    assert sel.problem == "no plan fits in 1000 B: the smallest needs 1.7 KiB"
+
+
+def test_capacity_and_budget_together() -> None:
+    sel = select(PROFILES, Objective("capacity", 1.0, 2000))
+    assert not sel.feasible
+    assert sel.problem == "no plan fits in 2.0 KiB within the decode budget: the fastest that fits needs 600.0% of it"
+
+
+def test_sync_budget_arithmetic() -> None:
+    settings = PlanSettings(mode="sync", max_overhead=0.05, compute_s=0.002)
+    read = ReadModel(latency_s=0.001, bytes_per_s=100e6, source="given")
+    # 1000 files, 100 MB: raw read 1000 x 1 ms + 1 s = 2 s, compute 2 s; 5% of 4 s.
+    assert decode_budget("sync", settings, 1000, 100_000_000, read) == pytest.approx(0.2)
+
+
+def test_prefetch_budget_arithmetic() -> None:
+    read = ReadModel(0.0, 1.0, "given")
+    by_files = PlanSettings(mode="prefetch", target_files_per_s=500, decode_cores=2)
+    # 1000 files at 500 files/s: a 2 s epoch, 2 cores -> 4 s of one-thread decode.
+    assert decode_budget("prefetch", by_files, 1000, 10**9, read) == pytest.approx(4.0)
+    by_bytes = PlanSettings(mode="prefetch", target_bytes_per_s=250e6, decode_cores=1.5)
+    assert decode_budget("prefetch", by_bytes, 1000, 10**9, read) == pytest.approx(6.0)
+    with pytest.raises(UsageError, match="^--mode prefetch needs --target-rate$"):
+        decode_budget("prefetch", PlanSettings(mode="prefetch"), 1, 1, read)
+
+
+def test_fit_read_model() -> None:
+    reads = [(size, 0.0005 + size / 200e6) for size in (1000, 50_000, 100_000, 400_000)]
+    model = fit_read_model(reads)
+    assert model.latency_s == pytest.approx(0.0005)
+    assert model.bytes_per_s == pytest.approx(200e6)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2000", (2000.0, None)), ("2000files/s", (2000.0, None)), ("500MB/s", (None, 500e6)),
+     ("1GiB/s", (None, float(2**30))), ("1.5k/s", (None, 1536.0))],
+)
+def test_parse_rate(text: str, expected: tuple[float | None, float | None]) -> None:
+    assert parse_rate(text) == expected
+
+
+@pytest.mark.parametrize("text", ["fast", "0", "-5", "12 parsecs/s", ""])
+def test_parse_rate_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match=r"^invalid rate .* \(expected e.g. 2000files/s or 500MB/s\)$"):
+        parse_rate(text)
+
+
+def test_parse_percent() -> None:
+    assert parse_percent("5%") == pytest.approx(0.05)
+    assert parse_percent("0.1") == pytest.approx(0.1)
+    with pytest.raises(UsageError):
+        parse_percent("lots")
+
+
+def test_parse_candidates() -> None:
+    cands = parse_candidates("zstd:3, lz4 zstd:9+dict zstd:3")
+    assert [str(c) for c in cands] == ["none", "zstd:3", "lz4", "zstd:9+dict"]
+    with pytest.raises(UsageError, match=r"^only zstd takes a dictionary \(got 'lz4\+dict'\)$"):
+        parse_candidates("lz4+dict")
+
+
+# --- classes ----------------------------------------------------------------------------------
+
+
+def _files(spec: dict[bytes, tuple[int, int]]) -> list[FileRef]:
+    out = []
+    for pattern, (count, size) in spec.items():
+        for i in range(count):
+            rel = pattern.replace(b"#", b"%d" % i)
+            out.append(FileRef(rel, b"/nowhere/" + rel, size))
+    return out
+
+
+def test_classes_merge_rare_ones() -> None:
+    files = _files({
+        b"train/#.jpg": (100, 1000),
+        b"val/#.jpg": (5, 40),  # rare: joins */*.jpg with the other rare jpgs
+        b"test/#.jpg": (30, 40),
+        b"misc/#.xyz": (2, 10),  # rare everywhere: the fallback class
+        b"BIG.BIN": (1, 50_000),  # one file, but a large share of the bytes
+    })
+    names = build_classes(files)
+    assert names == ["train/*.jpg", "./*.bin", "*/*.jpg", FALLBACK_CLASS]
+    known = set(names)
+    assert class_of(b"val/3.jpg", known) == "*/*.jpg"
+    assert class_of(b"train/3.JPG", known) == "train/*.jpg"
+    assert class_of(b"misc/0.xyz", known) == FALLBACK_CLASS
+    assert class_of(b"BIG.BIN", known) == "./*.bin"
+
+
+# --- whole plans with injected measurements ---------------------------------------------------
+
+
+def _fake_measure(class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None) -> Measurement:
+    """Deterministic numbers derived from the candidate and the units' sizes."""
+    raw = sum(len(u) for u in units)
+    level = cand.spec.level or 1
+    factor = {"lz4": 0.6, "lz4hc": 0.5, "zstd": 0.4, "brotli": 0.35, "lzma": 0.3}[cand.spec.name]
+    if class_name.endswith(".jpg"):
+        factor = 1.0
+    if cand.use_dict:
+        factor *= 0.5
+    stored = int(raw * factor / (1 + level / 40))
+    decode = raw * 1e-9 * (1 if cand.spec.name.startswith("lz4") else 3 if cand.spec.name == "zstd" else 8)
+    return Measurement(len(units), raw, stored if factor < 1 else raw, decode if factor < 1 else 0.0, raw * level * 1e-9)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("plan") / "src"
+    rng = random.Random(3)
+    for i in range(120):
+        (root / "img").mkdir(parents=True, exist_ok=True)
+        (root / "img" / ("%03d.jpg" % i)).write_bytes(rng.randbytes(rng.randint(2000, 9000)))
+        (root / "ann").mkdir(exist_ok=True)
+        record = {"id": i, "label": rng.choice(["cat", "dog", "car"]), "box": [rng.random() for _ in range(4)]}
+        (root / "ann" / ("%03d.json" % i)).write_text(json.dumps(record) * 3)
+    (root / "big.txt").write_bytes(b"the quick brown fox " * 200_000)
+    return root
+
+
+def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
+    from fanfs.pack import walk_tree
+
+    settings = PlanSettings(read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw)  # type: ignore[arg-type]
+    plan = make_plan(walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=_fake_measure)
+    record = plan_record(plan)
+    del record["sample"]["seconds"]  # wall time of the run
+    return record
+
+
+def test_plan_is_deterministic_with_a_seed_and_injected_measurements(tree: Path) -> None:
+    first = _plan(tree, seed=1)
+    assert _plan(tree, seed=1) == first
+    other = _plan(tree, seed=2)
+    # Another seed draws another sample of the large file's chunks.
+    assert other["classes"] != first["classes"]
+    assert [c["class"] for c in first["classes"]] == ["./*.txt", "img/*.jpg", "ann/*.json"]  # type: ignore[index]
+
+
+def test_plan_stores_incompressible_class_raw(tree: Path) -> None:
+    record = _plan(tree, seed=1, max_overhead=100.0)
+    rows = {row["class"]: row for row in record["classes"]}  # type: ignore[attr-defined]
+    assert rows["img/*.jpg"]["codec"] == "none"
+    assert rows["img/*.jpg"]["decode_s"] == 0
+    assert rows["img/*.jpg"]["budget_share"] == 0
+    assert rows["ann/*.json"]["codec"].endswith("+dict")  # the fake halves dictionary sizes
+    assert record["feasible"] and record["exact"]
+    assert record["decode_s"] <= record["budget_s"]  # type: ignore[operator]
+
+
+def test_plan_sample_sizes_are_reported(tree: Path) -> None:
+    record = _plan(tree, seed=1)
+    for row in record["classes"]:  # type: ignore[attr-defined]
+        assert row["sample_units"] >= 1
+        assert 0 < row["sample_bytes"] <= row["bytes"]
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_plan_command_impossible_capacity(tree: Path) -> None:
+    result = run_fanfs("plan", tree, "--capacity", "1KiB", "--codecs", "lz4 zstd:1", "--time-budget", "2",
+                       "--sample-bytes", "1MiB")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert re.fullmatch(r"fanfs plan: error: no plan fits in 1\.0 KiB: the smallest needs [0-9.]+ KiB", lines[0])
+    assert result.stdout.splitlines()[0].split()[:4] == ["class", "files", "bytes", "codec"]  # the closest plan
+
+
+def test_plan_command_json(tree: Path) -> None:
+    result = run_fanfs("plan", tree, "--json", "--mode", "prefetch", "--target-rate", "100000files/s",
+                       "--codecs", "lz4 zstd:3", "--time-budget", "2", "--sample-bytes", "1MiB")
+    assert (result.returncode, result.stderr) == (0, "")
+    record = json.loads(result.stdout)
+    assert record["mode"] == "prefetch" and record["feasible"]
+    assert record["settings"]["target_files_per_s"] == 100000
+    assert {row["class"] for row in record["classes"]} == {"./*.txt", "ann/*.json", "img/*.jpg"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "prefetch"], "--mode prefetch needs --target-rate"),
+        (["--read-mbps", "100"], "give both --read-mbps and --read-latency-ms, or neither"),
+        (["--decode-cores", "0"], "--decode-cores must be a positive number (got '0')"),
+        (["--target-rate", "fast"], "invalid rate 'fast' (expected e.g. 2000files/s or 500MB/s)"),
+        (["--codecs", "gzip"], "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], "
+         "brotli[:LEVEL] or lzma[:LEVEL])"),
+    ],
+)
+def test_plan_command_rejects_bad_options(tree: Path, args: list[str], message: str) -> None:
+    result = run_fanfs("plan", tree, *args)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == ["fanfs plan: error: " + message]
+
+
+def test_pack_auto_impossible_writes_nothing(tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.fan"
+    result = run_fanfs("pack", tree, out, "--codec", "auto", "--capacity", "1KiB", "--codecs", "zstd:1",
+                       "--time-budget", "2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("fanfs pack: error: no plan fits in 1.0 KiB: the smallest needs ")
+    assert "class" in result.stdout
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
