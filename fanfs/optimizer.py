@@ -815,6 +815,17 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                 "sample_units": est.sample_units,
                 "sample_bytes": est.sample_bytes,
                 "dictionary_bytes": len(prof.dictionary) if est.candidate.use_dict and prof.dictionary else 0,
+                "candidates": [
+                    {
+                        "codec": str(e.candidate),
+                        "projected_bytes": e.stored_bytes,
+                        "decode_s": round(e.decode_s, 6),
+                        "compress_s": round(e.compress_s, 6),
+                        "sample_units": e.sample_units,
+                        "sample_bytes": e.sample_bytes,
+                    }
+                    for e in prof.estimates
+                ],
             }
         )
     return {
