@@ -227,7 +227,14 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
+# Mount options that pyfuse3/libfuse accept but that break the mount (DESIGN.md section 4).
+_REFUSED_OPTIONS: Final = ("max_read", "direct_io")
+
+
 def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
+    for option in config.options:
+        if option.split("=")[0] in _REFUSED_OPTIONS:
+            raise UsageError("-o %s is not supported by fanfs (it breaks the mount or shared mmap)" % option)
     options = set(pyfuse3.default_options) | {"ro", "subtype=fanfs"}
     if not any(o.startswith("fsname=") for o in config.options):
         options.add("fsname=fanfs")
@@ -306,17 +313,27 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
              config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
     if cluster is not None:
         cluster.before_serving()
-    on_ready()
+    # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
+    # mount the kernel refuses must fail here, not look mounted and hang its readers.
+    ops.init_callbacks.append(on_ready)
     slot, children = 0, []
     try:
         if processes > 1:
-            trio.run(_handshake, pyfuse3, ops)
+            # Stop right inside INIT, before this loop can read (and, once terminating,
+            # drop) any later request; the forked processes serve those.
+            ops.init_callbacks.append(pyfuse3.terminate)
+            trio.run(pyfuse3.main)
+            _check_initialized(pyfuse3, ops, config)
+            ops.init_callbacks.clear()
             fd = pyfuse3.fanfs_session_fd()
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
             slot, children = _fork_servers(processes)
             shared.use_slot(slot)
             pyfuse3.fanfs_session_reset()
         trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0, cluster)
+        _check_initialized(pyfuse3, ops, config)
+    except FanfsError:
+        raise
     except BaseException:
         log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
         pyfuse3.close(unmount=False)
@@ -335,18 +352,12 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     return 0
 
 
-async def _handshake(pyfuse3: Any, ops: Any) -> None:
-    """Serve until libfuse has answered INIT (it then calls ops.init()), then stop."""
-    import trio
-
-    async def stop_when_initialized() -> None:
-        while not ops.initialized:
-            await trio.sleep(0.001)
-        pyfuse3.terminate()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stop_when_initialized)
-        await pyfuse3.main()
+def _check_initialized(pyfuse3: Any, ops: Any, config: MountConfig) -> None:
+    if not ops.initialized:
+        pyfuse3.close(unmount=True)
+        raise MountSetupError(
+            "the kernel did not complete the mount of %s (FUSE INIT failed; see the log)" % config.mountpoint
+        )
 
 
 def _fork_servers(processes: int) -> tuple[int, list[int]]:

@@ -12,6 +12,7 @@ inode numbers too, which is what lets `read()` work unchanged in the kernel's no
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import json
@@ -94,6 +95,7 @@ class Operations(pyfuse3.Operations):
         self.shared = store.shared
         self.main_pid = os.getpid()
         self.initialized = False
+        self.init_callbacks: list[Callable[[], None]] = []
         self.logged_bugs: set[tuple[str, type[BaseException]]] = set()
         self.index = store.index
         self.chunk_size = store.chunk_size
@@ -106,9 +108,14 @@ class Operations(pyfuse3.Operations):
         self._nlink = memoryview(nlink).cast("B").cast("I")
 
     def init(self) -> None:
-        # Called by libfuse once the INIT handshake is done; mount.py waits for it before
-        # forking further serving processes.
+        # Called by libfuse inside the INIT handshake; mount.py hooks readiness (and, with
+        # several serving processes, the stop before forking) onto it. Must not raise.
         self.initialized = True
+        for callback in self.init_callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("start-up callback %r failed", callback)
 
     def statistics(self) -> dict[str, Any]:
         """Mount-wide counters (all serving processes) plus this process's cache state."""
@@ -299,9 +306,12 @@ class Operations(pyfuse3.Operations):
         index = self.index
         chunks = range(index.first[entry], index.first[entry] + index.count[entry])
         if key == b"codec":
+            # The codec holding most of the file's chunks: a few-byte tail chunk stored raw
+            # does not make a zstd file "none".
             from fanfs.compression import CODEC_NAMES
 
-            return ",".join(sorted({CODEC_NAMES.get(index.chunk_codec[c], "?") for c in chunks})) or "none"
+            counts = collections.Counter(index.chunk_codec[c] for c in chunks)
+            return CODEC_NAMES.get(counts.most_common(1)[0][0], "?") if counts else "none"
         if key == b"stored_size":
             return str(sum(index.chunk_csize[c] for c in chunks))
         if key == b"chunks":

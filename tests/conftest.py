@@ -10,11 +10,13 @@ A session sweeper removes any fanfs-test mount a crashed run left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,8 @@ from tests.treegen import make_edge_tree
 FANFS = [sys.executable, "-m", "fanfs"]
 TEST_FSNAME = "fanfs-test"
 MOUNT_WAIT_S = 20.0
+# Kill a test mount's server this long after it started (before pytest's 300 s timeout).
+WATCHDOG_S = 240.0
 
 
 def run_fanfs(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -73,6 +77,11 @@ class Mount:
         cmd = [*FANFS, "mount", "-f", "--log", str(self.log), "-o", "fsname=" + TEST_FSNAME,
                *self.extra, str(self.pack), str(self.mnt)]
         self.proc = subprocess.Popen(cmd, start_new_session=True)
+        # Watchdog: a hung request leaves the test stuck in the kernel, where pytest-timeout
+        # cannot reach it; killing the server makes the request fail (ENOTCONN) instead.
+        self._watchdog = threading.Timer(WATCHDOG_S, self._kill_server)
+        self._watchdog.daemon = True
+        self._watchdog.start()
         try:
             self._wait_ready()
         except BaseException:
@@ -93,6 +102,13 @@ class Mount:
             time.sleep(step)
             step = min(step * 2, 0.5)
         pytest.fail("mount did not appear within %ds:\n%s" % (MOUNT_WAIT_S, self.log_text()))
+
+    def _kill_server(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            print("watchdog: killing the fanfs server of %s after %ds" % (self.mnt, WATCHDOG_S), file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -125,6 +141,7 @@ class Mount:
         self.proc = None
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._watchdog.cancel()
         if exc_type is None and self.proc is not None:
             try:
                 self.unmount()
@@ -135,21 +152,34 @@ class Mount:
         self._kill()
 
 
-def _sweep_stale_mounts(base: Path) -> None:
+def _is_dead(mountpoint: str) -> bool:
+    try:
+        os.statvfs(mountpoint)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED, errno.ECONNREFUSED)
+    return False
+
+
+def _sweep_stale_mounts(base: Path, *, only_dead: bool) -> None:
+    """Unmount test mounts under `base` that a crashed run left behind. Other pytest sessions
+    may be running: their live mounts are left alone (only_dead)."""
     with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            mountpoint, source = fields[4], fields[fields.index("-") + 2]
-            if source == TEST_FSNAME and mountpoint.startswith(str(base)):
-                subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
+        entries = [line.split() for line in f]
+    for fields in entries:
+        mountpoint, source = fields[4], fields[fields.index("-") + 2]
+        if source != TEST_FSNAME or not mountpoint.startswith(str(base)):
+            continue
+        if only_dead and not _is_dead(mountpoint):
+            continue
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def stale_mount_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     base = tmp_path_factory.getbasetemp()
-    _sweep_stale_mounts(base.parent)
+    _sweep_stale_mounts(base.parent, only_dead=True)
     yield
-    _sweep_stale_mounts(base.parent)
+    _sweep_stale_mounts(base, only_dead=False)
 
 
 @pytest.fixture(scope="session")
