@@ -283,7 +283,12 @@ def main() -> int:
     parser.add_argument("--codecs", default=" ".join(SINGLE))
     parser.add_argument("--time-budget", default="60")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--remeasure", default=None, metavar="PACKS",
+                        help="only measure these packs (e.g. none,auto,zstd:19) again, interleaved, "
+                        "--repeats rounds; reuses the packs in --workdir (auto must exist)")
     args = parser.parse_args()
+    if args.remeasure:
+        return remeasure(Path(args.workdir), args.remeasure.split(","), args)
     work = Path(args.workdir)
     src, mnt = work / "src", work / "mnt"
     if not src.exists():
@@ -378,6 +383,30 @@ def main() -> int:
     path = out_dir / ("bench_codecs-%s-%s.json" % (platform.node(), stamp))
     path.write_text(json.dumps(results, indent=1, sort_keys=True))
     log("results in %s", path)
+    return 0
+
+
+def remeasure(work: Path, names: list[str], args: argparse.Namespace) -> int:
+    """Round-robin over the packs, one fresh-mount epoch each per round, so that a noisy spell
+    on a shared machine hits every pack alike; prints every rate and the medians."""
+    src, mnt = work / "src", work / "mnt"
+    rels = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    packs = {n: work / (n.replace(":", "-") + ".fan") for n in names}
+    for name, path in packs.items():
+        if not path.exists():
+            pack(src, path, [name])
+    one = argparse.Namespace(repeats=1, readers=args.readers)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for rnd in range(args.repeats):
+        for name, path in packs.items():
+            rates[name] += measure_pack(path, mnt, rels, one)
+        log("round %d: %s", rnd, ", ".join("%s %.0f" % (n, r[-1]) for n, r in rates.items()))
+    raw = statistics.median(rates[names[0]])
+    print("| pack | files/s, %d rounds | median | vs %s |" % (args.repeats, names[0]))
+    print("|---|---|---|---|")
+    for name, r in rates.items():
+        print("| %s | %s | %.0f | %.2f |" % (name, ", ".join("%.0f" % x for x in r), statistics.median(r),
+                                            statistics.median(r) / raw))
     return 0
 
 
