@@ -1,0 +1,690 @@
+"""Shared helpers for the fanfs benchmarks in tools/: dataset, systems, mounts, results.
+
+Owns the synthetic ImageFolder-like dataset, building and mounting the systems compared
+(raw files, fanfs, squashfuse_ll), page-cache drops, FUSE daemon memory, and result files.
+It never imports fanfs (it drives the fanfs CLI), and every mount goes through `MountStack`,
+which unmounts on exit (lazily, and then kills the daemon, as a last resort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Self
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "results"
+# An ImageFolder-like tree: this many class directories.
+CLASS_COUNT = 100
+# (kind, share of files): JPEG-like random bytes, compressible float arrays, JSON-ish text.
+KIND_SHARES = (("jpg", 0.70), ("npy", 0.15), ("json", 0.15))
+# Bump when generate_dataset() changes, so a kept --workdir dataset is not reused stale.
+DATASET_VERSION = 1
+# How long a mount may take to appear in mountinfo, and an unmount to finish.
+MOUNT_DEADLINE_S = 60.0
+UMOUNT_TIMEOUT_S = 30.0
+# Building an image of a few GB takes minutes; this only catches a hung build.
+BUILD_TIMEOUT_S = 3600.0
+
+_T0 = time.monotonic()
+
+
+class BenchError(Exception):
+    """A benchmark precondition or correctness check failed; the run is invalid."""
+
+
+def log(msg: str, *args: object) -> None:
+    """Print a progress line to stderr, prefixed with the seconds since start."""
+    text = msg % args if args else msg
+    print("[%7.1fs] %s" % (time.monotonic() - _T0, text), file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt("signal %d" % signum)
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt so that `finally` cleanups run."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (for cleanups that must finish).
+
+    Every step inside has its own timeout, so a held Ctrl-C cannot make the script hang.
+    """
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# ---------------------------------------------------------------- dataset
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Regular files under `root`: relative paths and their sizes, in sorted order."""
+
+    root: Path
+    relpaths: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def describe(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for rel in self.relpaths:
+            ext = os.path.splitext(rel)[1].lstrip(".") or "(none)"
+            kinds[ext] = kinds.get(ext, 0) + 1
+        return {
+            "root": str(self.root),
+            "file_count": len(self.relpaths),
+            "total_bytes": self.total_bytes,
+            "files_by_extension": kinds,
+            "min_size_bytes": min(self.sizes, default=0),
+            "max_size_bytes": max(self.sizes, default=0),
+        }
+
+
+def scan_dataset(root: Path) -> Dataset:
+    """List the regular files under `root` (symlinks and special files are skipped)."""
+    entries: list[tuple[str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if os.path.isfile(path) and not os.path.islink(path):
+                entries.append((os.path.relpath(path, root), st.st_size))
+    if not entries:
+        raise BenchError("no regular files under %s" % root)
+    entries.sort()
+    return Dataset(root, tuple(e[0] for e in entries), tuple(e[1] for e in entries))
+
+
+def _jpg_like(rng: np.random.Generator, size: int) -> bytes:
+    # SOI + APP0 marker, then entropy-coded-like random bytes, then EOI.
+    head = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    return head + rng.bytes(max(size - len(head) - 2, 0)) + b"\xff\xd9"
+
+
+def _npy_like(rng: np.random.Generator, size: int) -> bytes:
+    # A smooth float32 signal quantised to 1/256: compressible, but not trivially.
+    count = max((size - 128) // 4, 1)
+    walk = np.cumsum(rng.standard_normal(count, dtype=np.float32))
+    values = (np.round(walk * 256) / 256).astype("<f4")
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % count
+    header_bytes = b"\x93NUMPY\x01\x00" + (128 - 10).to_bytes(2, "little")
+    header_bytes += header.encode().ljust(128 - 10 - 1) + b"\n"
+    return header_bytes + values.tobytes()
+
+
+_WORDS = (
+    "a",
+    "the",
+    "small",
+    "red",
+    "dog",
+    "car",
+    "on",
+    "road",
+    "grass",
+    "two",
+    "people",
+    "near",
+    "large",
+    "white",
+    "building",
+    "with",
+    "tree",
+    "blue",
+    "sky",
+    "sitting",
+)
+
+
+def _json_like(rng: np.random.Generator, size: int) -> bytes:
+    # JSON-lines annotations, cut to `size` (not valid JSON at the cut; it need not be).
+    count = size // 100 + 1
+    ids = rng.integers(0, 1_000_000, count)
+    boxes = np.round(rng.uniform(0, 640, (count, 4)), 2)
+    cats = rng.integers(0, CLASS_COUNT, count)
+    scores = rng.random(count)
+    words = rng.integers(0, len(_WORDS), (count, 5))
+    lines = [
+        '{"image_id": %d, "bbox": [%.2f, %.2f, %.2f, %.2f], "category": "class_%03d", '
+        '"score": %.4f, "caption": "%s"}'
+        % (ids[i], *boxes[i], cats[i], scores[i], " ".join(_WORDS[w] for w in words[i]))
+        for i in range(count)
+    ]
+    return "\n".join(lines).encode()[:size]
+
+
+_MAKERS: dict[str, Callable[[np.random.Generator, int], bytes]] = {
+    "jpg": _jpg_like,
+    "npy": _npy_like,
+    "json": _json_like,
+}
+
+
+def generate_dataset(root: Path, file_count: int, seed: int) -> Dataset:
+    """Write `file_count` files of 50-150 kB over CLASS_COUNT class directories.
+
+    Deterministic for a given (file_count, seed). A manifest next to `root` lets a later
+    run with the same parameters reuse the tree (`load_generated`).
+    """
+    rng = np.random.default_rng(seed)
+    kinds = rng.choice(len(KIND_SHARES), size=file_count, p=[s for _, s in KIND_SHARES])
+    sizes = rng.integers(50_000, 150_001, size=file_count)
+    for c in range(CLASS_COUNT):
+        (root / ("class_%03d" % c)).mkdir(parents=True, exist_ok=True)
+    for i in range(file_count):
+        kind = KIND_SHARES[kinds[i]][0]
+        rel = "class_%03d/%s_%06d.%s" % (i % CLASS_COUNT, kind, i, kind)
+        (root / rel).write_bytes(_MAKERS[kind](rng, int(sizes[i])))
+        if (i + 1) % 5000 == 0:
+            log("generated %d/%d files", i + 1, file_count)
+    dataset = scan_dataset(root)
+    _manifest_path(root).write_text(json.dumps(_manifest(file_count, seed)))
+    return dataset
+
+
+def _manifest_path(root: Path) -> Path:
+    return root.parent / (root.name + ".manifest.json")
+
+
+def _manifest(file_count: int, seed: int) -> dict[str, int]:
+    return {"version": DATASET_VERSION, "file_count": file_count, "seed": seed}
+
+
+def load_generated(root: Path, file_count: int, seed: int) -> Dataset | None:
+    """Return the dataset generated earlier at `root` with these parameters, or None."""
+    try:
+        manifest = json.loads(_manifest_path(root).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest != _manifest(file_count, seed):
+        return None
+    dataset = scan_dataset(root)
+    return dataset if len(dataset.relpaths) == file_count else None
+
+
+# ---------------------------------------------------------------- system state
+
+
+def run_cmd(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> float:
+    """Run `cmd` to completion and return its wall time; raise BenchError on failure.
+
+    Output goes to `log_path` (appended), never to a pipe: a daemon that inherits a pipe
+    would keep `subprocess.run` waiting for EOF. The child gets its own session, so a
+    Ctrl-C on the terminal reaches only this script, which then cleans up in order.
+    """
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            env=env,
+            start_new_session=True,
+            check=False,
+        )
+        elapsed = time.perf_counter() - t0
+    except OSError as exc:
+        raise BenchError("cannot run %s: %s" % (shlex.join(cmd), exc)) from exc
+    except subprocess.TimeoutExpired:
+        raise BenchError("%s timed out after %.0f s" % (shlex.join(cmd), timeout_s)) from None
+    finally:
+        if not isinstance(out, int):
+            out.close()
+    if proc.returncode != 0:
+        raise BenchError(
+            "%s exited with %d%s" % (shlex.join(cmd), proc.returncode, _log_tail(log_path))
+        )
+    return elapsed
+
+
+def _log_tail(log_path: Path | None, lines: int = 20) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+    return "; last lines of %s:\n%s" % (log_path, "\n".join(tail))
+
+
+def drop_caches() -> None:
+    """Write back dirty pages, then drop the page cache, dentries and inodes (needs root)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        raise BenchError("cannot drop caches (run as root): %s" % exc) from exc
+
+
+def drop_count() -> int:
+    """How often anyone on this machine has dropped the page cache since boot."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("drop_pagecache "):
+            return int(line.split()[1])
+    return 0
+
+
+def du_bytes(path: Path) -> int:
+    """Apparent size in bytes of a file or tree, as `du -sb` reports it."""
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0])
+
+
+def _unescape_mountinfo(field_: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    return field_.encode().decode("unicode_escape").encode("latin-1").decode(errors="replace")
+
+
+def mountinfo() -> dict[str, str]:
+    """Mount point -> filesystem type, from /proc/self/mountinfo (not os.path.ismount)."""
+    points: dict[str, str] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        points[_unescape_mountinfo(before.split()[4])] = after.split()[0]
+    return points
+
+
+def wait_mounted(mnt: Path, deadline_s: float = MOUNT_DEADLINE_S) -> None:
+    """Poll mountinfo until `mnt` is a mount point, with a doubling step."""
+    step, end = 0.005, time.monotonic() + deadline_s
+    while str(mnt) not in mountinfo():
+        if time.monotonic() > end:
+            raise BenchError("%s did not appear in mountinfo within %.0f s" % (mnt, deadline_s))
+        time.sleep(step)
+        step = min(step * 2, 0.5)
+
+
+def fuse_daemon_pids(mnt: Path) -> list[int]:
+    """PIDs holding /dev/fuse open whose command line has `mnt` as an argument."""
+    target = os.fsencode(str(mnt))
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            if target in argv and _has_fuse_fd(Path(entry.path, "fd")):
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _has_fuse_fd(fd_dir: Path) -> bool:
+    for fd in os.scandir(fd_dir):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd.path) == "/dev/fuse":
+                return True
+    return False
+
+
+def process_memory(pids: Sequence[int]) -> dict[str, int] | None:
+    """Summed VmRSS, VmHWM and Pss in bytes over `pids`; None if none can be read."""
+    total = {"rss_bytes": 0, "hwm_bytes": 0, "pss_bytes": 0}
+    seen = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            status = Path("/proc/%d/status" % pid).read_text()
+            rollup = Path("/proc/%d/smaps_rollup" % pid).read_text()
+            total["rss_bytes"] += _kb_field(status, "VmRSS:")
+            total["hwm_bytes"] += _kb_field(status, "VmHWM:")
+            total["pss_bytes"] += _kb_field(rollup, "Pss:")
+            seen += 1
+    return {**total, "process_count": seen} if seen else None
+
+
+def _kb_field(text: str, key: str) -> int:
+    for line in text.splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path("/proc/%d/stat" % pid)
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+# ---------------------------------------------------------------- mounts
+
+
+@dataclass(slots=True)
+class _Mount:
+    mnt: Path
+    umount_cmd: list[str]
+    log_path: Path | None
+    env: dict[str, str] | None
+    pids: list[int] = field(default_factory=list)
+
+
+class MountStack:
+    """Mounts made by this run; `close()` unmounts them all in reverse order.
+
+    Register a mount point *before* running the mount command: unmounting something that
+    never got mounted is a no-op, while a mount that appeared after a timeout would leak.
+    Escalation per mount: its own unmount command, `fusermount3 -u -z`, then SIGTERM and
+    SIGKILL to the daemon pids found for it (only processes serving this mount point).
+    """
+
+    def __init__(self) -> None:
+        self._mounts: list[_Mount] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def register(
+        self,
+        mnt: Path,
+        umount_cmd: Sequence[str],
+        *,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._mounts.append(_Mount(mnt, list(umount_cmd), log_path, env))
+
+    def daemon_pids(self, mnt: Path) -> list[int]:
+        """Find (and remember, for cleanup) the daemon pids serving `mnt`."""
+        for m in self._mounts:
+            if m.mnt == mnt:
+                m.pids = sorted(set(m.pids) | set(fuse_daemon_pids(mnt)))
+                return m.pids
+        raise KeyError(mnt)
+
+    def close(self) -> None:
+        with signals_deferred():
+            self._close()
+
+    def _close(self) -> None:
+        failures = []
+        while self._mounts:
+            m = self._mounts.pop()
+            try:
+                _unmount(m)
+            except BaseException as exc:  # keep cleaning up the rest, then report
+                log("ERROR: cleaning up %s: %r", m.mnt, exc)
+                failures.append(m.mnt)
+        if failures:
+            raise BenchError("could not clean up mounts: %s" % ", ".join(map(str, failures)))
+
+
+def _unmount(m: _Mount) -> None:
+    m.pids = sorted(set(m.pids) | set(fuse_daemon_pids(m.mnt)))
+    if str(m.mnt) in mountinfo():
+        log("unmounting %s", m.mnt)
+        try:
+            run_cmd(m.umount_cmd, timeout_s=UMOUNT_TIMEOUT_S, log_path=m.log_path, env=m.env)
+        except BenchError as exc:
+            log("WARNING: %s", exc)
+    if str(m.mnt) in mountinfo():
+        log("WARNING: %s still mounted; lazy unmount", m.mnt)
+        subprocess.run(["fusermount3", "-u", "-z", str(m.mnt)], check=False)
+    _reap(m.pids)
+    if str(m.mnt) in mountinfo():
+        raise BenchError("%s is still mounted" % m.mnt)
+
+
+def _reap(pids: Sequence[int], grace_s: float = 10.0) -> None:
+    """Wait for daemon `pids` to exit after unmount; SIGTERM, then SIGKILL stragglers."""
+    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive:
+            return
+        if sig is not None:
+            log("WARNING: sending %s to daemon pids %s", sig.name, alive)
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end and any(pid_alive(p) for p in alive):
+            time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- systems
+
+
+@dataclass(slots=True)
+class SystemSetup:
+    """One system under test, ready to read: where its files appear and what it cost."""
+
+    name: str
+    root: Path
+    build_s: float | None = None
+    size_bytes: int | None = None
+    mount_s: float | None = None
+    mnt: Path | None = None
+    memory: dict[str, dict[str, int] | None] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "build_s": self.build_s,
+            "size_bytes": self.size_bytes,
+            "mount_s": self.mount_s,
+            "daemon_memory": self.memory,
+        }
+
+
+def fanfs_env() -> dict[str, str]:
+    """Environment for `python -m fanfs` that finds this checkout even when not installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+# External programs each system needs.
+REQUIRED_PROGRAMS = {
+    "native": (),
+    "fanfs": ("fusermount3",),
+    "squashfuse": ("mksquashfs", "squashfuse_ll", "fusermount3"),
+}
+
+
+def check_programs(systems: Sequence[str]) -> None:
+    """Raise BenchError naming any program the chosen systems need but PATH lacks."""
+    missing = sorted({p for s in systems for p in REQUIRED_PROGRAMS[s] if not shutil.which(p)})
+    if missing:
+        raise BenchError(
+            "not on PATH: %s (apt-get install fuse3 squashfs-tools squashfuse)" % ", ".join(missing)
+        )
+
+
+def setup_native(dataset: Dataset) -> SystemSetup:
+    return SystemSetup("native", dataset.root, size_bytes=dataset.total_bytes)
+
+
+def setup_fanfs(
+    dataset: Dataset,
+    workdir: Path,
+    mounts: MountStack,
+    fanfs_cmd: Sequence[str],
+    pack_args: Sequence[str],
+    mount_args: Sequence[str],
+) -> SystemSetup:
+    """`fanfs pack` the dataset, then `fanfs mount` it (returns once the mount is ready)."""
+    pack, log_path, env = workdir / "pack.fanfs", workdir / "fanfs.log", fanfs_env()
+    pack_cmd = [*fanfs_cmd, "pack", str(dataset.root), str(pack), "-q", *pack_args]
+    setup = _build_timed("fanfs", pack_cmd, pack, workdir / "mnt-fanfs", log_path, env)
+    _mount_timed(
+        setup,
+        mounts,
+        [*fanfs_cmd, "mount", *mount_args, str(pack), str(setup.root)],
+        [*fanfs_cmd, "umount", str(setup.root)],
+        log_path,
+        env,
+    )
+    return setup
+
+
+def setup_squashfuse(dataset: Dataset, workdir: Path, mounts: MountStack) -> SystemSetup:
+    """mksquashfs (default compression) the dataset, then mount it with squashfuse_ll."""
+    img, log_path = workdir / "image.squashfs", workdir / "squashfuse.log"
+    build_cmd = ["mksquashfs", str(dataset.root), str(img), "-noappend", "-quiet"]
+    setup = _build_timed("squashfuse", build_cmd, img, workdir / "mnt-squashfuse", log_path, None)
+    _mount_timed(
+        setup,
+        mounts,
+        ["squashfuse_ll", str(img), str(setup.root)],
+        ["fusermount3", "-u", str(setup.root)],
+        log_path,
+        None,
+    )
+    return setup
+
+
+def _build_timed(
+    name: str, cmd: Sequence[str], out: Path, mnt: Path, log_path: Path, env: dict[str, str] | None
+) -> SystemSetup:
+    """Run a build command from a cold page cache; time it and measure its output."""
+    _remove(out)
+    drop_caches()
+    log("%s build: %s", name, shlex.join(cmd))
+    build_s = run_cmd(cmd, timeout_s=BUILD_TIMEOUT_S, log_path=log_path, env=env)
+    setup = SystemSetup(name, mnt, build_s=build_s, size_bytes=du_bytes(out), mnt=mnt)
+    log("%s build: %.1f s, %.1f MB", name, build_s, du_bytes(out) / 1e6)
+    return setup
+
+
+def _mount_timed(
+    setup: SystemSetup,
+    mounts: MountStack,
+    mount_cmd: Sequence[str],
+    umount_cmd: Sequence[str],
+    log_path: Path,
+    env: dict[str, str] | None,
+) -> None:
+    """Mount from a cold page cache; time until the mount shows in mountinfo."""
+    mnt = setup.root
+    mnt.mkdir(exist_ok=True)
+    mounts.register(mnt, umount_cmd, log_path=log_path, env=env)
+    drop_caches()
+    t0 = time.perf_counter()
+    run_cmd(mount_cmd, timeout_s=MOUNT_DEADLINE_S, log_path=log_path, env=env)
+    wait_mounted(mnt)
+    setup.mount_s = time.perf_counter() - t0
+    pids = mounts.daemon_pids(mnt)
+    setup.memory["after_mount"] = process_memory(pids)
+    log("%s mounted in %.2f s, daemon pids %s", setup.name, setup.mount_s, pids)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- results
+
+
+def host_info() -> dict[str, Any]:
+    mem_kb = _kb_field(Path("/proc/meminfo").read_text(), "MemTotal:") // 1024
+    return {
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": mem_kb * 1024,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write `payload` as results/<name>-<host>-<YYYYmmddTHHMM>[-N].json; return the path."""
+    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    base = "%s-%s-%s" % (name, platform.node() or "host", stamp)
+    path = results_dir / (base + ".json")
+    for n in itertools.count(2):  # never overwrite a run from the same minute
+        if not path.exists():
+            break
+        path = results_dir / ("%s-%d.json" % (base, n))
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return path
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right_from: int = 0
+) -> str:
+    """A GitHub markdown table; columns from index `right_from` on are right-aligned."""
+    aligns = ["---:" if i >= right_from else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(aligns) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def program_versions(commands: dict[str, Sequence[str]]) -> dict[str, str | None]:
+    """The first line with a version number in each command's output (None if none)."""
+    versions: dict[str, str | None] = {}
+    for name, cmd in commands.items():
+        try:
+            out = subprocess.run(
+                list(cmd), capture_output=True, text=True, timeout=30, env=fanfs_env()
+            )
+            lines = (out.stdout + out.stderr).splitlines()
+            versions[name] = next((x.strip() for x in lines if re.search(r"\d\.\d", x)), None)
+        except (OSError, subprocess.TimeoutExpired):
+            versions[name] = None
+    return versions
+
+
+def git_revision() -> dict[str, Any] | None:
+    """HEAD of this checkout and whether tracked files differ from it; None outside git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        return {
+            "head": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.CalledProcessError):
+        return None

@@ -1,0 +1,688 @@
+#!/usr/bin/env python3
+"""Whole-file read throughput: raw files vs a fanfs mount vs squashfuse_ll, in one run.
+
+What it measures. A tree of many ~100 kB files (generated: 70% JPEG-like random bytes, 15%
+compressible float32 .npy, 15% JSON-lines text, over 100 class directories; or `--src DIR`)
+is packed with `fanfs pack` and `mksquashfs` (default gzip), both images are mounted, and
+every file is read once per epoch, in one fixed-seed random order split round-robin over
+`--readers` processes that start together (elapsed = first reader start to last reader
+finish). Reader styles: `buffered` is `open(p, 'rb').read()` as PIL, numpy and torch do (one
+extra ioctl per file from isatty); `unbuffered` is `os.open` + `os.readv` into a reused 1 MiB
+buffer until EOF (no ioctl, no fstat, no allocation). Epochs: `cold` comes right after
+`sync; echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries and inodes of all systems;
+a FUSE daemon's own memory is kept, by design); `warm` comes right after an untimed epoch of
+the same system and style (its cold epoch comes just before). Systems are interleaved in
+rotation within each repeat, so noise on a shared machine hits all of them alike; an epoch
+during which another process dropped the page cache (/proc/vmstat) is run again.
+
+How to read the table. files/s and MB/s (1 MB = 10^6 bytes) come from the median time over
+`--repeats`; `x native` is native's time over this system's in the same repeat, epoch and
+reader style, median over repeats (above 1 = faster than the raw files); `spread` is
+(max - min) / median of the times, so a ratio means little where it is within the spreads.
+The second table gives image build time and size (page cache dropped first), mount time
+(caches dropped first; until the mount shows in mountinfo) and the FUSE daemon's memory
+(VmRSS after mount and at the end, VmHWM peak; summed over its processes). Every epoch checks
+that each file read returned its expected size; an untimed pass per mounted system also
+compares the sha256 of every file with the raw files. Any mismatch or read error fails.
+
+Run as root: `.venv/bin/python tools/bench_read.py [--quick] [--systems native,squashfuse]`.
+The JSON result goes to results/bench_read-<host>-<YYYYmmddTHHMM>.json and the markdown
+tables to stdout; progress goes to stderr. A default run takes 10-15 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as bl
+
+SYSTEMS = ("native", "fanfs", "squashfuse")
+STYLES = ("buffered", "unbuffered")
+EPOCHS = ("cold", "warm")
+# The unbuffered reader's reused buffer: one read() returns a whole file below 1 MiB.
+READ_BUFFER_BYTES = 1 << 20
+# A reader that finds problems reports this many of them verbatim; the rest are counted.
+MAX_REPORTED_ERRORS = 10
+BARRIER_TIMEOUT_S = 60.0
+# A timed epoch during which another process dropped the page cache is run again, at most
+# this many times in all (the machine is shared; other benchmarks drop caches too).
+EPOCH_ATTEMPTS = 3
+
+Hasher = Any  # hashlib's _Hash is not public
+ReadFn = Callable[[str, Hasher | None], int]
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _make_reader(style: str) -> ReadFn:
+    """Return a function that reads a whole file, feeds `hasher`, and returns its size."""
+    if style == "buffered":
+
+        def read_buffered(path: str, hasher: Hasher | None) -> int:
+            with open(path, "rb") as f:
+                data = f.read()
+            if hasher is not None:
+                hasher.update(data)
+            return len(data)
+
+        return read_buffered
+    buf = bytearray(READ_BUFFER_BYTES)
+    view = memoryview(buf)
+
+    def read_unbuffered(path: str, hasher: Hasher | None) -> int:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            total = 0
+            while n := os.readv(fd, [buf]):
+                if hasher is not None:
+                    hasher.update(view[:n])
+                total += n
+            return total
+        finally:
+            os.close(fd)
+
+    return read_unbuffered
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What one reader process did in one epoch (perf_counter_ns is system-wide here)."""
+
+    start_ns: int
+    end_ns: int
+    file_count: int
+    byte_count: int
+    error_count: int
+    errors: list[str]
+    digests: dict[int, bytes]
+
+
+def _reader_main(
+    paths: Sequence[str],
+    sizes: Sequence[int],
+    indices: Sequence[int],
+    style: str,
+    hashing: bool,
+    barrier: Any,
+    conn: mpc.Connection,
+) -> None:
+    """Reader process body: wait at the barrier, read `indices` in order, send a report."""
+    read = _make_reader(style)
+    errors: list[str] = []
+    digests: dict[int, bytes] = {}
+    file_count = byte_count = error_count = 0
+    barrier.wait(BARRIER_TIMEOUT_S)
+    start_ns = time.perf_counter_ns()
+    for i in indices:
+        hasher = hashlib.sha256() if hashing else None
+        try:
+            n = read(paths[i], hasher)
+        except OSError as exc:
+            n, problem = -1, repr(exc)
+        if n != sizes[i]:
+            error_count += 1
+            if len(errors) < MAX_REPORTED_ERRORS:
+                what = problem if n < 0 else "read %d bytes, expected %d" % (n, sizes[i])
+                errors.append("%s: %s" % (paths[i], what))
+            continue
+        file_count += 1
+        byte_count += n
+        if hasher is not None:
+            digests[i] = hasher.digest()
+    end_ns = time.perf_counter_ns()
+    conn.send(WorkerReport(start_ns, end_ns, file_count, byte_count, error_count, errors, digests))
+    conn.close()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRun:
+    """One epoch over all files by all readers, already checked for completeness."""
+
+    elapsed_s: float
+    file_count: int
+    byte_count: int
+    digests: dict[int, bytes]
+
+
+def run_epoch(
+    paths: Sequence[str],
+    sizes: Sequence[int],
+    slices: Sequence[Sequence[int]],
+    style: str,
+    *,
+    hashing: bool,
+    timeout_s: float,
+) -> EpochRun:
+    """Fork one reader per slice, release them together, and time first start to last end.
+
+    Raises BenchError if a reader died, timed out, or any file failed or came back short.
+    """
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(len(slices) + 1)
+    procs: list[mp.process.BaseProcess] = []
+    conns: list[mpc.Connection] = []
+    try:
+        for indices in slices:
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_reader_main,
+                daemon=True,
+                args=(paths, sizes, indices, style, hashing, barrier, send),
+            )
+            proc.start()
+            send.close()
+            procs.append(proc)
+            conns.append(recv)
+        barrier.wait(BARRIER_TIMEOUT_S)
+        reports = _collect(conns, timeout_s)
+    finally:
+        _stop(procs)
+    return _check_reports(reports, paths, sizes)
+
+
+def _collect(conns: list[mpc.Connection], timeout_s: float) -> list[WorkerReport]:
+    reports: list[WorkerReport] = []
+    pending, deadline = list(conns), time.monotonic() + timeout_s
+    while pending:
+        ready = mpc.wait(pending, timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            raise bl.BenchError("%d readers still running after %.0f s" % (len(pending), timeout_s))
+        for conn in ready:
+            assert isinstance(conn, mpc.Connection)
+            try:
+                reports.append(conn.recv())
+            except EOFError:
+                raise bl.BenchError("a reader process died (see its traceback above)") from None
+            pending.remove(conn)
+    return reports
+
+
+def _stop(procs: list[mp.process.BaseProcess]) -> None:
+    for proc in procs:
+        proc.join(timeout=5 if proc.exitcode is None else 0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _check_reports(
+    reports: list[WorkerReport], paths: Sequence[str], sizes: Sequence[int]
+) -> EpochRun:
+    error_count = sum(r.error_count for r in reports)
+    if error_count:
+        shown = [e for r in reports for e in r.errors]
+        raise bl.BenchError(
+            "%d files failed or came back short, e.g.:\n  %s" % (error_count, "\n  ".join(shown))
+        )
+    file_count = sum(r.file_count for r in reports)
+    byte_count = sum(r.byte_count for r in reports)
+    if file_count != len(paths) or byte_count != sum(sizes):
+        raise bl.BenchError(
+            "read %d files, %d bytes; expected %d files, %d bytes"
+            % (file_count, byte_count, len(paths), sum(sizes))
+        )
+    elapsed_ns = max(r.end_ns for r in reports) - min(r.start_ns for r in reports)
+    digests = {i: d for r in reports for i, d in r.digests.items()}
+    return EpochRun(elapsed_ns / 1e9, file_count, byte_count, digests)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything the epochs need: files per system, reader slices, and options."""
+
+    dataset: bl.Dataset
+    paths: dict[str, list[str]]
+    slices: list[list[int]]
+    styles: list[str]
+    epochs: list[str]
+    repeats: int
+    timeout_s: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def epoch(self, system: str, style: str, *, hashing: bool = False) -> EpochRun:
+        return run_epoch(
+            self.paths[system],
+            self.dataset.sizes,
+            self.slices,
+            style,
+            hashing=hashing,
+            timeout_s=self.timeout_s,
+        )
+
+
+def make_plan(
+    args: argparse.Namespace, dataset: bl.Dataset, setups: Sequence[bl.SystemSetup]
+) -> Plan:
+    perm = np.random.default_rng(args.seed).permutation(len(dataset.relpaths))
+    slices = [perm[i :: args.readers].tolist() for i in range(args.readers)]
+    paths = {s.name: [os.path.join(s.root, rel) for rel in dataset.relpaths] for s in setups}
+    return Plan(dataset, paths, slices, args.styles, args.epochs, args.repeats, args.epoch_timeout)
+
+
+def verify_contents(plan: Plan, systems: Sequence[str]) -> None:
+    """Untimed: sha256 every file through each mounted system; compare with the raw files.
+
+    One reader style suffices: the timed epochs check every file's size in every style.
+    """
+    reference = run_epoch(
+        [os.path.join(plan.dataset.root, r) for r in plan.dataset.relpaths],
+        plan.dataset.sizes,
+        plan.slices,
+        plan.styles[0],
+        hashing=True,
+        timeout_s=plan.timeout_s,
+    ).digests
+    for system in systems:
+        if system == "native":
+            continue
+        digests = plan.epoch(system, plan.styles[0], hashing=True).digests
+        bad = [plan.dataset.relpaths[i] for i, d in reference.items() if digests[i] != d]
+        if bad:
+            raise bl.BenchError(
+                "%s: %d files differ from the source, e.g. %s"
+                % (system, len(bad), ", ".join(bad[:5]))
+            )
+        bl.log("sha256 of all %d files via %s match the source", len(digests), system)
+
+
+def run_schedule(plan: Plan, systems: Sequence[str]) -> None:
+    """Timed epochs: per repeat and style, every system in a rotated order, all epoch kinds.
+
+    A system's warm epoch follows its own cold one, so its untimed warm-up costs a warm
+    epoch, not a cold one.
+    """
+    for rep in range(plan.repeats):
+        shift = rep % len(systems)
+        order = [*systems[shift:], *systems[:shift]]
+        for style in plan.styles:
+            for system in order:
+                for kind in plan.epochs:
+                    plan.records.append(_timed_epoch(plan, system, style, kind, rep))
+
+
+def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> dict[str, Any]:
+    """Prepare the caches for `kind`, then time one epoch; repeat it if someone else on the
+    machine dropped the page cache meanwhile (seen in /proc/vmstat)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        if kind == "cold":
+            bl.drop_caches()
+        drops = bl.drop_count()
+        if kind == "warm":
+            plan.epoch(system, style)  # warm-up, untimed
+        run = plan.epoch(system, style)
+        disturbed = bl.drop_count() != drops
+        if not disturbed or attempt == EPOCH_ATTEMPTS:
+            break
+        bl.log("WARNING: another process dropped the page cache during this epoch; again")
+    bl.log(
+        "repeat %d/%d %-4s %-10s %-10s %6d files %7.2f s %8.0f files/s %7.1f MB/s",
+        *(rep + 1, plan.repeats, kind, style, system, run.file_count, run.elapsed_s),
+        *(run.file_count / run.elapsed_s, run.byte_count / run.elapsed_s / 1e6),
+    )
+    return {
+        "repeat": rep,
+        "epoch": kind,
+        "style": style,
+        "system": system,
+        "elapsed_s": run.elapsed_s,
+        "file_count": run.file_count,
+        "byte_count": run.byte_count,
+        "attempts": attempt,
+        "disturbed": disturbed,
+        "loadavg_1min_after": os.getloadavg()[0],
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(plan: Plan, systems: Sequence[str]) -> list[dict[str, Any]]:
+    """Per (epoch, style, system): median time, files/s, MB/s, spread, ratio to native.
+
+    The ratio is paired: native's time over this system's within each repeat (the two ran
+    minutes apart at most), then the median over repeats; load drifts cancel out.
+    """
+    rows = []
+    for kind in plan.epochs:
+        for style in plan.styles:
+            times = {
+                system: [
+                    r["elapsed_s"]
+                    for r in sorted(plan.records, key=lambda r: r["repeat"])
+                    if (r["epoch"], r["style"], r["system"]) == (kind, style, system)
+                ]
+                for system in systems
+            }
+            for system in systems:
+                rows.append(_summary_row(plan.dataset, kind, style, system, times))
+    return rows
+
+
+def _summary_row(
+    dataset: bl.Dataset, kind: str, style: str, system: str, times: dict[str, list[float]]
+) -> dict[str, Any]:
+    mine = times[system]
+    med = statistics.median(mine)
+    native = times.get("native")
+    return {
+        "epoch": kind,
+        "style": style,
+        "system": system,
+        "median_s": med,
+        "elapsed_s": mine,
+        "files_per_s": len(dataset.relpaths) / med,
+        "mb_per_s": dataset.total_bytes / med / 1e6,
+        "spread": (max(mine) - min(mine)) / med,
+        "ratio_to_native": (
+            statistics.median(n / t for n, t in zip(native, mine, strict=True)) if native else None
+        ),
+    }
+
+
+def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
+    body = [
+        [
+            r["epoch"],
+            r["style"],
+            r["system"],
+            "{:,.0f}".format(r["files_per_s"]),
+            "%.0f" % r["mb_per_s"],
+            "%.2f" % r["ratio_to_native"] if r["ratio_to_native"] else "-",
+            "%.0f%%" % (100 * r["spread"]),
+        ]
+        for r in rows
+    ]
+    return bl.markdown_table(
+        ["epoch", "reader", "system", "files/s", "MB/s", "x native", "spread"], body, right_from=3
+    )
+
+
+def setup_table(setups: Sequence[bl.SystemSetup], data_bytes: int) -> str:
+    """Build and mount costs, and daemon memory: RSS and peak (VmHWM) summed over the
+    daemon's processes count pages they share once per process; PSS splits them."""
+
+    def mb(mem: dict[str, int] | None, key: str) -> str:
+        return "%.0f" % (mem[key] / 1e6) if mem else "-"
+
+    def num(value: float | None, fmt: str) -> str:
+        return fmt % value if value is not None else "-"
+
+    body = []
+    for s in setups:
+        after, end = s.memory.get("after_mount"), s.memory.get("end")
+        size = s.size_bytes or 0
+        procs = str(end["process_count"]) if end else "-"
+        row = [s.name, num(s.build_s, "%.1f"), "%.0f" % (size / 1e6)]
+        row += ["%.3f" % (size / data_bytes), num(s.mount_s, "%.2f"), procs]
+        row += [mb(after, "rss_bytes"), mb(end, "rss_bytes"), mb(end, "hwm_bytes")]
+        row += [mb(after, "pss_bytes"), mb(end, "pss_bytes")]
+        body.append(row)
+    headers = ["system", "build s", "size MB", "size / data", "mount s", "daemon procs"]
+    headers += ["RSS MB after mount", "RSS MB at end", "peak RSS MB"]
+    headers += ["PSS MB after mount", "PSS MB at end"]
+    return bl.markdown_table(headers, body, right_from=1)
+
+
+def header_lines(payload: dict[str, Any]) -> str:
+    """Where, when and what ran, and how much other load and cache drops interfered."""
+    info, desc, opts = payload["host"], payload["dataset"], payload["options"]
+    kinds = ", ".join("%d .%s" % (n, k) for k, n in sorted(desc["files_by_extension"].items()))
+    machine = (info["host"], info["cpu_count"], info["mem_total_bytes"] / 1e9, info["kernel"])
+    load = (payload["loadavg_before"][0], payload["loadavg_after"][0])
+    lines = [
+        "bench_read on %s (%s CPUs, %.0f GB RAM, kernel %s)" % machine
+        + ", %s, %.0f min" % (payload["started"], payload["duration_s"] / 60)
+        + ", load average %.1f before, %.1f after" % load,
+        "dataset: %d files, %.2f GB (%s)" % (desc["file_count"], desc["total_bytes"] / 1e9, kinds)
+        + "; %d readers, %d repeats, medians" % (opts["readers"], opts["repeats"]),
+        "command: `%s`" % payload["command"],
+    ]
+    retried = sum(r["attempts"] > 1 for r in payload["epochs"])
+    if retried:
+        disturbed = sum(r["disturbed"] for r in payload["epochs"])
+        lines.append(
+            "%d timed epochs were run again after another process dropped the page cache; "
+            "%d were still disturbed after %d attempts" % (retried, disturbed, EPOCH_ATTEMPTS)
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--files", type=int, help="files to generate (default 20000; 2000 --quick)")
+    p.add_argument("--readers", type=int, default=4, help="reader processes (default 4)")
+    p.add_argument("--repeats", type=int, help="timed epochs per cell (default 3; 1 --quick)")
+    p.add_argument("--quick", action="store_true", help="smoke test: 2000 files, 1 repeat")
+    p.add_argument("--src", type=Path, help="read this tree instead of generating one")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="images, mounts, generated data (default: "
+        "a new dir under /tmp, removed at the end unless --keep)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the workdir (a later run with "
+        "the same --workdir, --files and --seed reuses its generated data)",
+    )
+    p.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma list of %s" % ", ".join(SYSTEMS)
+    )
+    p.add_argument(
+        "--styles", default=",".join(STYLES), help="comma list of %s" % ", ".join(STYLES)
+    )
+    p.add_argument(
+        "--epochs", default=",".join(EPOCHS), help="comma list of %s" % ", ".join(EPOCHS)
+    )
+    p.add_argument("--seed", type=int, default=0, help="dataset and read-order seed")
+    p.add_argument(
+        "--fanfs-cmd",
+        default="%s -m fanfs" % shlex.quote(sys.executable),
+        help="how to run the fanfs CLI (default: %(default)s)",
+    )
+    p.add_argument("--pack-args", default="", help='extra `fanfs pack` args, e.g. "--codec lz4"')
+    p.add_argument("--mount-args", default="", help="extra `fanfs mount` args")
+    p.add_argument("--no-hash", action="store_true", help="skip the sha256 content check")
+    p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
+    p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
+    args = p.parse_args(argv)
+    return _resolve_args(p, args, argv)
+
+
+def _resolve_args(
+    p: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    args.files = args.files or (2000 if args.quick else 20000)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    for name, allowed in (("systems", SYSTEMS), ("styles", STYLES), ("epochs", EPOCHS)):
+        chosen = [x for x in getattr(args, name).split(",") if x]
+        if not chosen or set(chosen) - set(allowed) or len(set(chosen)) != len(chosen):
+            p.error("--%s takes a comma list of distinct %s" % (name, ", ".join(allowed)))
+        setattr(args, name, chosen)
+    if args.readers < 1 or args.repeats < 1 or args.files < 1:
+        p.error("--readers, --repeats and --files must be positive")
+    args.command_line = shlex.join(
+        [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
+    )
+    return args
+
+
+def prepare_dataset(args: argparse.Namespace, workdir: Path) -> bl.Dataset:
+    if args.src:
+        src = args.src.resolve()
+        if workdir == src or src in workdir.parents:
+            raise bl.BenchError("--workdir %s must not be inside --src %s" % (workdir, src))
+        dataset = bl.scan_dataset(src)
+    else:
+        root = workdir / "src"
+        reused = bl.load_generated(root, args.files, args.seed)
+        if reused is not None:
+            bl.log("reusing the dataset generated earlier under %s", root)
+            dataset = reused
+        else:
+            if root.exists():
+                shutil.rmtree(root)
+            bl.log("generating %d files under %s", args.files, root)
+            dataset = bl.generate_dataset(root, args.files, args.seed)
+    bl.log("dataset: %d files, %.2f GB", len(dataset.relpaths), dataset.total_bytes / 1e9)
+    return dataset
+
+
+def prepare_systems(
+    args: argparse.Namespace, dataset: bl.Dataset, workdir: Path, mounts: bl.MountStack
+) -> list[bl.SystemSetup]:
+    setups = []
+    for name in args.systems:
+        if name == "native":
+            setups.append(bl.setup_native(dataset))
+        elif name == "fanfs":
+            setups.append(
+                bl.setup_fanfs(
+                    dataset,
+                    workdir,
+                    mounts,
+                    shlex.split(args.fanfs_cmd),
+                    shlex.split(args.pack_args),
+                    shlex.split(args.mount_args),
+                )
+            )
+        else:
+            setups.append(bl.setup_squashfuse(dataset, workdir, mounts))
+    return setups
+
+
+def run_benchmark(args: argparse.Namespace, workdir: Path, mounts: bl.MountStack) -> dict[str, Any]:
+    """Build, mount, verify, time; return the JSON payload, markdown report included."""
+    started, load_before = time.time(), os.getloadavg()
+    bl.check_programs(args.systems)
+    dataset = prepare_dataset(args, workdir)
+    setups = prepare_systems(args, dataset, workdir, mounts)
+    plan = make_plan(args, dataset, setups)
+    if not args.no_hash:
+        verify_contents(plan, args.systems)
+    run_schedule(plan, args.systems)
+    for s in setups:
+        if s.mnt is not None:
+            s.memory["end"] = bl.process_memory(mounts.daemon_pids(s.mnt))
+    rows = summarize(plan, args.systems)
+    payload = {
+        "benchmark": "bench_read",
+        "command": args.command_line,
+        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "host": bl.host_info(),
+        "git": bl.git_revision(),
+        "versions": program_versions(args),
+        "options": {k: v for k, v in vars(args).items() if k != "command_line"},
+        "dataset": dataset.describe(),
+        "systems": {s.name: s.summary() for s in setups},
+        "summary": rows,
+        "epochs": plan.records,
+    }
+    payload["report_markdown"] = "\n\n".join(
+        [header_lines(payload), throughput_table(rows), setup_table(setups, dataset.total_bytes)]
+    )
+    return payload
+
+
+def program_versions(args: argparse.Namespace) -> dict[str, str | None]:
+    fanfs = [*shlex.split(args.fanfs_cmd), "--version"]
+    mksquashfs, squashfuse_ll = ["mksquashfs", "-version"], ["squashfuse_ll", "--version"]
+    return bl.program_versions(
+        {"fanfs": fanfs, "mksquashfs": mksquashfs, "squashfuse_ll": squashfuse_ll}
+    )
+
+
+def make_workdir(workdir: Path | None) -> tuple[Path, bool]:
+    """Return the work directory and whether this run created it."""
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="fanfs-bench-", dir="/tmp")), True
+    created = not workdir.exists()
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir.resolve(), created
+
+
+def cleanup_workdir(workdir: Path, created: bool, args: argparse.Namespace) -> None:
+    """Remove what this benchmark put in `workdir` (all of it if it made it), never a mount,
+    never a `--src` tree."""
+    live = [m for m in bl.mountinfo() if m == str(workdir) or m.startswith(str(workdir) + "/")]
+    if live:
+        bl.log("ERROR: not removing %s: still mounted: %s", workdir, ", ".join(live))
+        return
+    if args.keep:
+        bl.log("kept %s", workdir)
+        return
+    bl.log("removing the benchmark files under %s", workdir)
+    if created:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    names = ["pack.fanfs", "image.squashfs", "mnt-fanfs", "mnt-squashfuse", "fanfs.log"]
+    names += ["squashfuse.log"] + ([] if args.src else ["src", "src.manifest.json"])
+    src = args.src.resolve() if args.src else None
+    for path in (workdir / name for name in names):
+        if src is not None and (path == src or path in src.parents):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_read.py must run as root (drop_caches, FUSE mounts)", file=sys.stderr)
+        return 2
+    bl.install_signal_handlers()
+    workdir, created = make_workdir(args.workdir)
+    bl.log("workdir %s", workdir)
+    try:
+        with bl.MountStack() as mounts:
+            payload = run_benchmark(args, workdir, mounts)
+    except bl.BenchError as exc:
+        bl.log("FAILED: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        bl.log("interrupted")
+        return 130
+    finally:
+        cleanup_workdir(workdir, created, args)
+    path = bl.write_result("bench_read", payload, args.results_dir)
+    bl.log("wrote %s", path)
+    print(payload["report_markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
