@@ -325,11 +325,12 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
             trio.run(pyfuse3.main)
             _check_initialized(pyfuse3, ops, config)
             ops.init_callbacks.clear()
-            fd = pyfuse3.fanfs_session_fd()
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+            _nonblocking_session(pyfuse3)
             slot, children = _fork_servers(processes)
             shared.use_slot(slot)
             pyfuse3.fanfs_session_reset()
+        else:
+            _nonblocking_session(pyfuse3)
         trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0, cluster)
         _check_initialized(pyfuse3, ops, config)
     except FanfsError:
@@ -350,6 +351,19 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     _reap(children)
     log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
     return 0
+
+
+def _nonblocking_session(pyfuse3: Any) -> None:
+    """With the fanfs pyfuse3 patch, make /dev/fuse non-blocking (several processes share
+    it; a lost race is EAGAIN, not a stuck loop) and, from patch level 3, read queued
+    requests without an epoll round trip each."""
+    level = getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0)
+    if level < 2:
+        return
+    fd = pyfuse3.fanfs_session_fd()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    if level >= 3:
+        pyfuse3.fanfs_set_eager_receive(True)
 
 
 def _check_initialized(pyfuse3: Any, ops: Any, config: MountConfig) -> None:
