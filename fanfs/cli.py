@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from fanfs import __version__
-from fanfs.errors import FanfsError
+from fanfs.errors import FanfsError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,12 @@ def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("mountpoint")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="give up after this long (default 600)")
     p.set_defaults(func=_cmd_wait)
+    p = sub.add_parser("stats", help="show a running mount's counters", epilog=EXIT_CODES)
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
+                   help="print again every SECONDS (with rates) until interrupted")
+    p.set_defaults(func=_cmd_stats)
     p = sub.add_parser("inspect", help="summarise a pack", epilog=EXIT_CODES)
     p.add_argument("pack")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -205,6 +211,14 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     if not wait_mounted(os.path.abspath(args.mountpoint), args.timeout):
         raise MountSetupError("%s is not a ready fanfs mount after %gs" % (args.mountpoint, args.timeout))
     return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from fanfs.stats import run_stats
+
+    if args.watch is not None and args.watch <= 0:
+        raise UsageError("--watch must be a positive number of seconds")
+    return run_stats(args.mountpoint, as_json=args.json, watch=args.watch)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

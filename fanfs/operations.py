@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -229,6 +230,15 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        # Time spent serving READs (decode, waits for threads and peers): the daemon's part
+        # of the readers' fetch stall (DS-Analyzer), in `fanfs stats`.
+        start = time.perf_counter_ns()
+        try:
+            return await self._read(fh, off, size)
+        finally:
+            self.shared.counters[sh.READ_NS] += time.perf_counter_ns() - start
+
+    async def _read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         entry = fh - 1
         index = self.index
         fsize = index.size[entry]

@@ -32,6 +32,7 @@ COUNTER_NAMES: Final = (
     "remote_bytes",
     "remote_timeouts",
     "pack_fallbacks",
+    "read_ns",
 )
 (
     READS,
@@ -49,6 +50,7 @@ COUNTER_NAMES: Final = (
     REMOTE_BYTES,
     REMOTE_TIMEOUTS,
     PACK_FALLBACKS,
+    READ_NS,
 ) = range(len(COUNTER_NAMES))
 
 
