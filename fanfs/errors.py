@@ -61,6 +61,10 @@ class RemoteReadError(FanfsError):
     """No owner of a partition answered and the pack could not be read either."""
 
 
+class MountClosingError(RemoteReadError):
+    """A read that was waiting for a peer when the mount began to shut down."""
+
+
 class MountSetupError(FanfsError):
     """The mount cannot be set up: bad mountpoint, FUSE unavailable, ..."""
 

@@ -413,7 +413,7 @@ async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, fi
     import trio
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_handle_signals, pyfuse3)
+        nursery.start_soon(_handle_signals, pyfuse3, cluster)
         if cluster is not None:
             nursery.start_soon(cluster.run)
         if first:
@@ -424,12 +424,14 @@ async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, fi
         nursery.cancel_scope.cancel()
 
 
-async def _handle_signals(pyfuse3: Any) -> None:
+async def _handle_signals(pyfuse3: Any, cluster: Any) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
+            if cluster is not None:
+                cluster.shutdown()
             pyfuse3.terminate()
             return
 

@@ -28,7 +28,7 @@ import pyfuse3
 from pyfuse3 import FUSEError
 
 from fanfs import shared as sh
-from fanfs.errors import FanfsError, KnownCorruptError
+from fanfs.errors import FanfsError, KnownCorruptError, MountClosingError
 from fanfs.format.layout import NAME_MAX
 from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
@@ -61,7 +61,9 @@ def _boundary(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except FanfsError as exc:
             ops: Operations = args[0]  # type: ignore[assignment]
             ops.shared.counters[sh.DATA_ERRORS] += 1
-            if not isinstance(exc, KnownCorruptError):
+            if isinstance(exc, MountClosingError):
+                log.debug("%s", exc)  # expected while unmounting; not a data error
+            elif not isinstance(exc, KnownCorruptError):
                 log.error("%s", exc, extra=LOG_ONCE)
             raise FUSEError(exc.fuse_errno) from None
         except Exception as exc:

@@ -57,6 +57,11 @@ class ClusterNode:
         finally:
             self.transport.stop()
 
+    def shutdown(self) -> None:
+        """Called on SIGTERM/SIGINT: no reader may keep the unmount waiting for a peer."""
+        if self.remote is not None:
+            self.remote.close()
+
     def statistics(self) -> dict[str, Any]:
         stats: dict[str, Any] = {
             "rank": self.transport.rank,

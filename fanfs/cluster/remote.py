@@ -20,7 +20,7 @@ from typing import Any, Final
 import trio
 
 from fanfs import shared as sh
-from fanfs.errors import RemoteReadError
+from fanfs.errors import MountClosingError, RemoteReadError
 from fanfs.format.layout import partition_name
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class RemoteSource:
         self._token: trio.lowlevel.TrioToken | None = None
         self._pack_fds: dict[int, int] = {}
         self._pack_lock = threading.Lock()
+        self._closing = False
 
     def attach(self) -> None:
         """Call on the trio thread before the MPI thread starts delivering."""
@@ -90,8 +91,19 @@ class RemoteSource:
             pending.error = str(payload)
         pending.done.set()
 
+    def close(self) -> None:
+        """The mount is ending: fail every wait for a peer now instead of at its timeout
+        (mpirun SIGKILLs ranks one second after SIGTERM)."""
+        self._closing = True
+        for pending in self._pending.values():
+            pending.error = "the mount is shutting down"
+            pending.done.set()
+        self._pending.clear()
+
     async def fetch(self, partition: int, offset: int, length: int) -> bytes:
         """Stored bytes of one chunk of `partition`. Raises RemoteReadError."""
+        if self._closing:
+            raise MountClosingError("the mount is shutting down")
         for dest in self.owners[partition]:
             if dest == self.rank or self._down_until.get(dest, 0.0) > time.monotonic():
                 continue
@@ -113,6 +125,8 @@ class RemoteSource:
             self.counters[sh.REMOTE_BYTES] += length
             self._peer_up(dest)
             return pending.data
+        if self._closing:
+            raise MountClosingError("the mount is shutting down")
         if pending.error is not None:
             log.warning("rank %d could not serve a request: %s", dest, pending.error)
         else:
@@ -121,6 +135,8 @@ class RemoteSource:
         return None
 
     def _peer_down(self, dest: int) -> None:
+        if self._down_until.get(dest, 0.0) > time.monotonic():
+            return  # another request of the same outage timed out: back off once per outage
         backoff = self._backoff.get(dest)
         if backoff is None:
             log.warning("rank %d did not answer within %.1fs: marked down, reading around it "

@@ -38,9 +38,12 @@ TAG_RESPONSE: Final = 12
 BCAST_PIECE: Final = 64 * 1024 * 1024
 # A batch is sent when its oldest request is this old or it asks for this many bytes.
 BATCH_MAX_BYTES: Final = 4 * 1024 * 1024
-# Idle polling interval bounds of the MPI thread (seconds).
-POLL_MIN_S: Final = 0.0001
-POLL_MAX_S: Final = 0.002
+# Polling of the MPI thread (MPI has no fd to wait on): every POLL_MIN_S while messages
+# moved in the last HOT_S (a remote fetch then costs tens of microseconds of polling, not
+# milliseconds), backing off to POLL_MAX_S when the node is idle (1000 wake-ups a second).
+POLL_MIN_S: Final = 0.00005
+HOT_S: Final = 0.05
+POLL_MAX_S: Final = 0.001
 
 # (request id, partition, offset, length)
 Request = tuple[int, int, int, int]
@@ -112,14 +115,19 @@ class Transport:
         sends: list[Any] = []
         recvs: list[tuple[int, int, Any]] = []
         idle = POLL_MIN_S
+        last_activity = 0.0
         while not self._stop.is_set():
             busy = self._flush_outbox(sends, deliver)
             busy |= self._poll_incoming(recvs)
             busy |= self._finish_receives(recvs, sends, serve, deliver)
             sends[:] = [req for req in sends if not _test(req)]
-            if busy:
+            now = time.monotonic()
+            if busy or recvs:
+                last_activity = now
                 idle = POLL_MIN_S
                 continue
+            if now - last_activity < HOT_S:
+                idle = POLL_MIN_S
             wait = idle
             if self._outbox:  # a batch is filling: wake when its window closes
                 wait = min(wait, max(0.0, self._outbox[0][0] + self.window_s - time.monotonic()))
