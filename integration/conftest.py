@@ -40,6 +40,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from fanfs.mountinfo import find_mount
+
 MPIRUN = "mpirun"
 MPIRUN_BASE = (MPIRUN, "--allow-run-as-root", "--oversubscribe")
 FANFS = (sys.executable, "-m", "fanfs")
@@ -77,14 +79,9 @@ def require_mpi() -> None:
 
 
 def mount_type(path: Path) -> str | None:
-    """Filesystem type of the mount at exactly `path` in /proc/self/mountinfo, or None."""
-    target = str(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == target:
-                return fields[fields.index("-") + 1]
-    return None
+    """Filesystem type of the mount at exactly `path` (from /proc/self/mountinfo), or None."""
+    entry = find_mount(str(path))
+    return None if entry is None else entry.fstype
 
 
 def fanfs_test_mounts(base: Path) -> list[str]:

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from fanfs.format.reader import PackReader
+from fanfs.mountinfo import find_mount
+
 from tests.treegen import make_edge_tree
 
 FANFS = [sys.executable, "-m", "fanfs"]
@@ -37,14 +40,10 @@ def run_fanfs(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess
     return subprocess.run([*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _mount_entry(mnt: Path) -> str | None:
-    target = str(mnt)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == target:
-                return fields[fields.index("-") + 1]
-    return None
+def _mount_entry(path: Path) -> str | None:
+    """Filesystem type of the mount at exactly `path` (from /proc/self/mountinfo), or None."""
+    entry = find_mount(str(path))
+    return None if entry is None else entry.fstype
 
 
 def _fuse_usable() -> str | None:
@@ -219,3 +218,22 @@ def edge_mount(edge_pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """One shared mount of the edge pack for read-only checks (mounting costs a second)."""
     with Mount(edge_pack, tmp_path_factory.mktemp("edge-mnt") / "mnt") as mount:
         yield mount
+
+
+
+_READERS: list[PackReader] = []
+
+
+def open_reader(path: str | os.PathLike[str]) -> PackReader:
+    """A PackReader that is closed when the test ends (each holds a descriptor and a mapping
+    per partition)."""
+    reader = PackReader(str(path))
+    _READERS.append(reader)
+    return reader
+
+
+@pytest.fixture(autouse=True)
+def _close_pack_readers() -> Iterator[None]:
+    yield
+    while _READERS:
+        _READERS.pop().close()

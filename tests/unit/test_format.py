@@ -29,28 +29,13 @@ from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, glob_to_regex, run_pack
 from fanfs.verify import verify_pack
-from tests.conftest import TEST_CHUNK_SIZE, run_fanfs
+from tests.conftest import open_reader as _open, TEST_CHUNK_SIZE, run_fanfs
 from tests.treegen import make_dataset
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CHUNK = 4096
 
 
-_READERS: list[PackReader] = []
-
-
-def _open(path: str | os.PathLike[str]) -> PackReader:
-    """A PackReader closed when the test ends (each holds one fd per partition)."""
-    reader = PackReader(str(path))
-    _READERS.append(reader)
-    return reader
-
-
-@pytest.fixture(autouse=True)
-def _close_readers() -> Iterator[None]:
-    yield
-    while _READERS:
-        _READERS.pop().close()
 
 
 # --- helpers ----------------------------------------------------------------------------------

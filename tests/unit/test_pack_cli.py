@@ -28,9 +28,8 @@ from fanfs._sizes import format_size
 from fanfs.compression import parse_codec
 from fanfs.errors import PackInputError
 from fanfs.format.index import ROOT_ID, Index
-from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, _Node, _read_and_compress, _Walker, run_pack
-from tests.conftest import FANFS, run_fanfs
+from tests.conftest import open_reader as _open, FANFS, run_fanfs
 
 RunAs = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -76,21 +75,6 @@ def _resolve(index: Index, rel: str) -> int | None:
     return entry
 
 
-_READERS: list[PackReader] = []
-
-
-def _open(path: str | os.PathLike[str]) -> PackReader:
-    """A PackReader closed when the test ends (each holds one fd per partition)."""
-    reader = PackReader(str(path))
-    _READERS.append(reader)
-    return reader
-
-
-@pytest.fixture(autouse=True)
-def _close_readers() -> Iterator[None]:
-    yield
-    while _READERS:
-        _READERS.pop().close()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import os
 import random
 import shutil
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from fanfs._sizes import format_size
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.index import ROOT_ID
 from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
-from fanfs.format.reader import PackReader
-from tests.conftest import run_fanfs
+from tests.conftest import open_reader as _open, run_fanfs
 
 CHUNK = 64 * 1024
 
@@ -42,21 +40,6 @@ FILES = {
 }
 
 
-_READERS: list[PackReader] = []
-
-
-def _open(path: str | os.PathLike[str]) -> PackReader:
-    """A PackReader closed when the test ends (each holds one fd per partition)."""
-    reader = PackReader(str(path))
-    _READERS.append(reader)
-    return reader
-
-
-@pytest.fixture(autouse=True)
-def _close_readers() -> Iterator[None]:
-    yield
-    while _READERS:
-        _READERS.pop().close()
 
 
 @pytest.fixture(scope="module")
