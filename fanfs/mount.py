@@ -245,7 +245,7 @@ def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
 def _preload_wanted(reader: PackReader, config: MountConfig) -> bool:
     if config.preload != "auto":
         return config.preload == "yes"
-    total = sum(p["size"] for p in reader.partitions)
+    total = sum(p["size"] for n, p in enumerate(reader.partitions) if reader.local[n])
     return total <= _available_memory() * PRELOAD_MEMORY_SHARE
 
 
@@ -305,14 +305,19 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
             "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
     ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
+    init_error: FanfsError | None = None
     try:
         pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
     except RuntimeError as exc:
-        raise MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc)) from exc
+        init_error = MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc))
+    except FanfsError as exc:
+        init_error = exc
+    if cluster is not None:
+        cluster.before_serving(init_error)  # every rank mounted, or every rank fails
+    if init_error is not None:
+        raise init_error
     log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
              config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
-    if cluster is not None:
-        cluster.before_serving()
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
     # mount the kernel refuses must fail here, not look mounted and hang its readers.
     ops.init_callbacks.append(on_ready)

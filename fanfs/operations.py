@@ -60,11 +60,12 @@ def _boundary(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             raise
         except FanfsError as exc:
             ops: Operations = args[0]  # type: ignore[assignment]
-            ops.shared.counters[sh.DATA_ERRORS] += 1
             if isinstance(exc, MountClosingError):
                 log.debug("%s", exc)  # expected while unmounting; not a data error
-            elif not isinstance(exc, KnownCorruptError):
-                log.error("%s", exc, extra=LOG_ONCE)
+            else:
+                ops.shared.counters[sh.DATA_ERRORS] += 1
+                if not isinstance(exc, KnownCorruptError):
+                    log.error("%s", exc, extra=LOG_ONCE)
             raise FUSEError(exc.fuse_errno) from None
         except Exception as exc:
             ops = args[0]  # type: ignore[assignment]

@@ -128,9 +128,9 @@ class ChunkStore:
                 data = self._decode(cid, self.reader.stored_view(cid), usize)
             except CorruptDataError as exc:
                 raise self._broken_error(entry, cid, exc) from exc
+            counters[sh.BYTES_DECODED] += usize
         else:
             data = await self._single_flight(entry, cid, usize)
-        counters[sh.BYTES_DECODED] += usize
         # Raw chunks of resident partitions are views of the mapping: nothing to cache.
         if not whole and not isinstance(data, memoryview):
             self._insert(cid, data)
@@ -146,6 +146,7 @@ class ChunkStore:
             flight = self._inflight[cid] = _Flight()
             try:
                 flight.data = await self._load(cid, usize)
+                self.shared.counters[sh.BYTES_DECODED] += usize
             except CorruptDataError as exc:
                 flight.error = self._broken_error(entry, cid, exc)
             except FanfsError as exc:  # transient (remote): not remembered

@@ -166,7 +166,7 @@ def _sweep_stale_mounts(base: Path, *, only_dead: bool) -> None:
         entries = [line.split() for line in f]
     for fields in entries:
         mountpoint, source = fields[4], fields[fields.index("-") + 2]
-        if source != TEST_FSNAME or not mountpoint.startswith(str(base)):
+        if source != TEST_FSNAME or not mountpoint.startswith(str(base).rstrip("/") + "/"):
             continue
         if only_dead and not _is_dead(mountpoint):
             continue

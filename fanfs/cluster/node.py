@@ -43,9 +43,10 @@ class ClusterNode:
         )
         return self.remote
 
-    def before_serving(self) -> None:
-        """Every rank has mounted once this returns (so `fanfs wait` on any node means all)."""
-        self.transport.barrier()
+    def before_serving(self, error: FanfsError | None) -> None:
+        """Collective: every rank has mounted once this returns (so `fanfs wait` on any node
+        means all), or every rank raises the first rank's mount failure."""
+        _agree(self.transport, error)
 
     async def run(self) -> None:
         """Start the MPI thread; stop it when cancelled (the mount is ending)."""
@@ -101,5 +102,10 @@ def cluster_mount(config: Any, pyfuse3: Any) -> int:
     staged = stage(transport, pack=config.pack, cache_dir=config.cache_dir or "", replicas=config.replicas,
                    groups=config.stage_groups, copy=config.stage != "none")
     node = ClusterNode(transport, staged, config)
-    node.reader = PackReader(staged.data_dir, local=staged.local)
+    try:
+        node.reader = PackReader(staged.data_dir, local=staged.local)
+    except FanfsError as exc:
+        error = exc
+    _agree(transport, error)
+    assert node.reader is not None
     return serve(node.reader, config, pyfuse3, on_ready=lambda: None, cluster=node)
