@@ -289,63 +289,13 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     kernel hands each request to whichever is free. The first process preloads, owns the
     unmount, and reaps the others; they die with it (PR_SET_PDEATHSIG).
     """
-    import trio
-
-    from fanfs.operations import Operations
-    from fanfs.store import ChunkStore
-
     _enable_faulthandler(config)
-    processes = serving_processes(pyfuse3, config)
-    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
-    store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
-    if cluster is not None:
-        store.remote = cluster.make_remote(shared.counters, store.limiter)
-    noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
-    totals = reader.manifest.get("totals", {})
-    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
-            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
-    ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
-    init_error: FanfsError | None = None
-    try:
-        pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
-    except RuntimeError as exc:
-        init_error = MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc))
-    except FanfsError as exc:
-        init_error = exc
-    if cluster is not None:
-        cluster.before_serving(init_error)  # every rank mounted, or every rank fails
-    if init_error is not None:
-        raise init_error
-    log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
-             config.mountpoint, info["files"], format_size(info["bytes_in"]), processes, "on" if noopen else "off")
+    ops, store = _build_operations(reader, config, pyfuse3, cluster)
+    _mount_kernel(pyfuse3, ops, config, cluster)
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
     # mount the kernel refuses must fail here, not look mounted and hang its readers.
     ops.init_callbacks.append(on_ready)
-    slot, children = 0, []
-    try:
-        if processes > 1:
-            # Stop right inside INIT, before this loop can read (and, once terminating,
-            # drop) any later request; the forked processes serve those.
-            ops.init_callbacks.append(pyfuse3.terminate)
-            trio.run(pyfuse3.main)
-            _check_initialized(pyfuse3, ops, config)
-            ops.init_callbacks.clear()
-            _nonblocking_session(pyfuse3)
-            slot, children = _fork_servers(processes)
-            shared.use_slot(slot)
-            pyfuse3.fanfs_session_reset()
-        else:
-            _nonblocking_session(pyfuse3)
-        trio.run(_main, pyfuse3, store, config, slot == 0 and _preload_wanted(reader, config), slot == 0, cluster)
-        _check_initialized(pyfuse3, ops, config)
-    except FanfsError:
-        raise
-    except BaseException:
-        log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
-        pyfuse3.close(unmount=False)
-        if slot:
-            os._exit(1)
-        raise
+    slot, children = _serve_until_unmounted(pyfuse3, ops, store, reader, config, cluster)
     # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -356,6 +306,77 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     _reap(children)
     log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
     return 0
+
+
+def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any) -> tuple[Any, Any]:
+    from fanfs.operations import Operations
+    from fanfs.store import ChunkStore
+
+    processes = serving_processes(pyfuse3, config)
+    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
+    store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
+    if cluster is not None:
+        store.remote = cluster.make_remote(shared, store.limiter)
+    noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
+    totals = reader.manifest.get("totals", {})
+    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
+            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
+    ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
+    return ops, store
+
+
+def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> None:
+    """pyfuse3.init; in cluster mode every rank agrees that all mounted (or all fail)."""
+    error: FanfsError | None = None
+    try:
+        pyfuse3.init(ops, config.mountpoint, _mount_options(pyfuse3, config))
+    except RuntimeError as exc:
+        error = MountSetupError("cannot mount %s: %s" % (config.mountpoint, exc))
+    except FanfsError as exc:
+        error = exc
+    if cluster is not None:
+        cluster.before_serving(error)
+    if error is not None:
+        raise error
+    info = ops.info
+    log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
+             config.mountpoint, info["files"], format_size(info["bytes_in"]), info["processes"],
+             "on" if info["noopen"] else "off")
+
+
+def _serve_until_unmounted(
+    pyfuse3: Any, ops: Any, store: Any, reader: PackReader, config: MountConfig, cluster: Any
+) -> tuple[int, list[int]]:
+    """Run the serving loop(s); returns (this process's slot, the other servers' pids)."""
+    import trio
+
+    slot, children = 0, []
+    try:
+        if ops.info["processes"] > 1:
+            # Stop right inside INIT, before this loop can read (and, once terminating,
+            # drop) any later request; the forked processes serve those.
+            ops.init_callbacks.append(pyfuse3.terminate)
+            trio.run(pyfuse3.main)
+            _check_initialized(pyfuse3, ops, config)
+            ops.init_callbacks.clear()
+            _nonblocking_session(pyfuse3)
+            slot, children = _fork_servers(ops.info["processes"])
+            store.shared.use_slot(slot)
+            pyfuse3.fanfs_session_reset()
+        else:
+            _nonblocking_session(pyfuse3)
+        preload = slot == 0 and _preload_wanted(reader, config)
+        trio.run(_main, pyfuse3, store, config, preload, slot == 0, cluster)
+        _check_initialized(pyfuse3, ops, config)
+    except FanfsError:
+        raise
+    except BaseException:
+        log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
+        pyfuse3.close(unmount=False)
+        if slot:
+            os._exit(1)
+        raise
+    return slot, children
 
 
 def _nonblocking_session(pyfuse3: Any) -> None:

@@ -32,13 +32,13 @@ class ClusterNode:
         self.remote: RemoteSource | None = None
         self.reader: PackReader | None = None
 
-    def make_remote(self, counters: Any, limiter: trio.CapacityLimiter) -> RemoteSource:
+    def make_remote(self, shared: Any, limiter: trio.CapacityLimiter) -> RemoteSource:
         self.remote = RemoteSource(
             self.transport,
             self.staged.owners,
             pack_path=self.config.pack,
             timeout_s=self.config.remote_timeout_s,
-            counters=counters,
+            shared=shared,
             io_limiter=limiter,
         )
         return self.remote

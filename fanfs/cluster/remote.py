@@ -50,7 +50,7 @@ class RemoteSource:
         *,
         pack_path: str,
         timeout_s: float,
-        counters: Any,
+        shared: Any,
         io_limiter: trio.CapacityLimiter,
     ) -> None:
         self.transport = transport
@@ -58,7 +58,7 @@ class RemoteSource:
         self.owners = owners
         self.pack_path = pack_path
         self.timeout_s = timeout_s
-        self.counters = counters
+        self.shared = shared  # counters via shared.counters: this process's row, after any fork
         self._limiter = io_limiter
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -110,19 +110,19 @@ class RemoteSource:
             data = await self._ask(dest, partition, offset, length)
             if data is not None:
                 return data
-        self.counters[sh.PACK_FALLBACKS] += 1
+        self.shared.counters[sh.PACK_FALLBACKS] += 1
         return await trio.to_thread.run_sync(self._read_pack, partition, offset, length, limiter=self._limiter)
 
     async def _ask(self, dest: int, partition: int, offset: int, length: int) -> bytes | None:
         req_id = next(self._ids)
         pending = self._pending[req_id] = _Pending(dest)
-        self.counters[sh.REMOTE_FETCHES] += 1
+        self.shared.counters[sh.REMOTE_FETCHES] += 1
         self.transport.submit(dest, (req_id, partition, offset, length))
         with trio.move_on_after(self.timeout_s):
             await pending.done.wait()
         self._pending.pop(req_id, None)
         if pending.data is not None and len(pending.data) == length:
-            self.counters[sh.REMOTE_BYTES] += length
+            self.shared.counters[sh.REMOTE_BYTES] += length
             self._peer_up(dest)
             return pending.data
         if self._closing:
@@ -130,7 +130,7 @@ class RemoteSource:
         if pending.error is not None:
             log.warning("rank %d could not serve a request: %s", dest, pending.error)
         else:
-            self.counters[sh.REMOTE_TIMEOUTS] += 1
+            self.shared.counters[sh.REMOTE_TIMEOUTS] += 1
             self._peer_down(dest)
         return None
 
