@@ -31,6 +31,7 @@ from fanfs.optimizer import (
     decode_budget,
     fit_read_model,
     make_plan,
+    measure,
     parse_candidates,
     plan_record,
     select,
@@ -194,6 +195,69 @@ def test_fit_read_model() -> None:
     model = fit_read_model(reads)
     assert model.latency_s == pytest.approx(0.0005)
     assert model.bytes_per_s == pytest.approx(200e6)
+
+
+def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The decode passes are timed with the thread's CPU clock, never the wall clock, and the
+    # fastest pass is kept: a pass the machine's other work slowed down does not count. The
+    # result is scaled by the cold-cache factor.
+    import fanfs.optimizer as optimizer
+
+    cpu = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # passes of 5, 2 and 3 s
+
+    class Clock:
+        perf_counter = staticmethod(lambda: 0.0)  # compression: wall clock, here always 0
+        thread_time = staticmethod(lambda: next(cpu))
+
+    monkeypatch.setattr(optimizer, "time", Clock)
+    factors = []
+    monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5)
+    units = [b"abc" * 1000, b"xyz" * 2000]
+    m = optimizer.measure("c", ZSTD3, units, None)
+    assert m.decode_s == 3.0
+    assert factors == [2]  # on the coded units (up to COLD_UNITS of them)
+    assert m.compress_s == 0.0
+    assert (m.units, m.raw_bytes) == (2, 9000)
+    assert 0 < m.stored_bytes < 9000
+    assert next(cpu, None) is None  # DECODE_PASSES passes, each timed once
+
+
+def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each object is decoded after evicting the caches and timed on its own (minus the
+    # clock's cost); the fastest cold pass over the hot time, never below 1.
+    import fanfs.optimizer as optimizer
+
+    coded = [(1, b"", 0), (1, b"", 0)]
+    monkeypatch.setattr(optimizer, "decompress", lambda codec, s, size, dic: b"")
+    monkeypatch.setattr(optimizer, "_clock_cost", lambda clock: 0.25)
+    monkeypatch.setattr(optimizer, "_hot_decode_s", lambda coded, dic: 1.0)
+    # per object (end - start - 0.25): pass 1: 2 + 2, pass 2: 1.5 + 1.5, pass 3: 3 + 3
+    ticks = iter([0, 2.25, 0, 2.25, 0, 1.75, 0, 1.75, 0, 3.25, 0, 3.25])
+
+    class Clock:
+        thread_time = staticmethod(lambda: next(ticks))
+
+    monkeypatch.setattr(optimizer, "time", Clock)
+    assert optimizer.cold_factor(coded, None) == pytest.approx(3.0)
+    ticks = iter([0, 0.5] * 6)  # faster than hot: noise, the factor stays 1
+    assert optimizer.cold_factor(coded, None) == 1.0
+
+
+def test_cold_factor_on_real_data() -> None:
+    from fanfs.compression import compress_object
+    from fanfs.optimizer import cold_factor
+
+    rng = random.Random(5)
+    objects = [json.dumps({"id": i, "box": [rng.random() for _ in range(4)]}).encode() for i in range(32)]
+    coded = [(*compress_object(o, ZSTD3.spec), len(o)) for o in objects]
+    factor = cold_factor(coded, None)
+    assert 1.0 <= factor < 100
+
+
+def test_measure_raw_units_cost_no_decode() -> None:
+    units = [random.Random(1).randbytes(20_000)]  # incompressible: stored raw by the pack
+    m = measure("c", ZSTD3, units, None)
+    assert (m.stored_bytes, m.decode_s) == (20_000, 0.0)
 
 
 @pytest.mark.parametrize(
