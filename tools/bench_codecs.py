@@ -1,30 +1,57 @@
-"""Validate the compressor optimizer: the auto plan against every single codec on a mixed dataset.
+"""Validate the compressor optimizer: the auto plan against every single codec on a mixed
+dataset, under two budgets, with the read rate measured through the mount.
 
-    .venv/bin/python tools/bench_codecs.py [--workdir DIR] [--repeats 3] [--target-share 0.8]
+    .venv/bin/python tools/bench_codecs.py [--workdir DIR] [--rounds 7] [--readers 4]
+        [--max-overhead 5%] [--target-share 0.95] [--time-budget 30]
+    .venv/bin/python tools/bench_codecs.py --workdir DIR --measure-only --rounds 5   # reuse packs
 
-1. Generates a mixed dataset (JPEG-like images, real PNG masks made with zlib, float16-valued
-   feature arrays, captions, small JSON annotations, a token shard), deterministic per seed.
-2. Packs it with `none` and measures the read rate through the mount under the reader load
-   (R reader processes, every file read once in a shuffled order, unbuffered, a fresh mount per
-   repeat so every read decodes; partitions in the page cache). That is the raw serving cost.
-3. Sets a prefetch budget: the job must get `target-share` x the raw rate. On this machine the
-   mount's serving processes decode inline on the same cores, so the cores left for decoding
-   at the target rate are cores x (1 - target-share) (`--decode-cores`).
-4. Packs with `--codec auto` under that budget and with every single codec (pack time, size),
-   measures each through the mount, and compares: predicted decode seconds (from the plan's
-   per-class estimates of each codec) against the decode cost implied by the measured rates.
+The budgets (`--settings`; each one `fanfs pack --codec auto` run, checked under its own load):
 
-Every mount is `python -m fanfs mount PACK MNT` and is unmounted with `python -m fanfs umount MNT`
-in a `finally`, lazily as a last resort. Results go to results/bench_codecs-<host>-<time>.json;
-a markdown table is printed. The machine is shared and noisy: medians of the repeats.
+- **sync** (`--mode sync --max-overhead 5%`): ONE synchronous reader, no prefetch, so every
+  read waits for its decode. The planner's raw-read model (`--read-latency-ms`, `--read-mbps`)
+  is fitted on that reader's per-file times through a mount of the raw pack: the time to read
+  a raw sample is what reading it through fanfs costs. (By default the planner fits the model
+  on reading SRC, the page cache with no FUSE in the way, which is 10-30 times faster per file
+  and gives a much tighter budget: the model-only sweep printed at the end covers it.)
+  Prediction: the epoch takes the raw epoch time plus the plan's one-thread decode seconds.
+- **prefetch** (`--mode prefetch --target-rate SHARE x raw rate`): R reader processes keep both
+  cores busy. The serving processes decode inline on the same cores that serve FUSE and run the
+  readers, so at the target rate the cores left for decoding are cores x (1 - SHARE)
+  (`--decode-cores`). Prediction: files/s = 1 / (1/raw + decode per file / cores).
+- **sync-src** (`--mode sync --max-overhead 5%`, nothing else): the planner's default read
+  model, fitted on reading SRC; one synchronous reader as for sync.
+
+At the end, model only: the optimizer's selection and the best single codec over a range of
+budgets, from the first setting's plan estimates (where mixing gains and where it cannot).
+
+Steps: generate the dataset (deterministic per --seed); pack `none` and calibrate on it (the
+sync read model, the raw rate of both loads); pack `auto` under each budget and every single
+codec (pack time, size); then measure every pack under both loads in rounds. Each round
+visits every (pack, load) in a freshly shuffled order and reads the raw pack under the same
+load right before each visit (and once at the end), so that every epoch is compared with the
+raw epochs next to it in time: the machine is shared and its load drifts within a round. Each
+epoch runs on a fresh mount (`python -m fanfs mount`, read once its partitions are preloaded),
+so every read decodes. Per epoch: the wall time; the CPU seconds of the mount's serving
+processes (utime + stime from /proc); and the mount's own READ service time (`read_ns` in the
+statistics it logs at unmount). A pack's excess over the neighbouring raw epochs measures its
+decode cost: READ time is the finer measure with one reader (with several, concurrent READs
+overlap and it counts their waits), serving CPU the coarser one (10 ms ticks) for any load.
+
+A single codec "meets the budget (predicted)" when the plan's own per-class estimates for that
+codec sum to at most the budget; "(measured)" when the median of its rate over the neighbouring
+raw epochs' reaches 1 / (1 + budget / raw epoch time) (sync, sync-src) or SHARE (prefetch).
+Every mount is unmounted in a `finally` (lazily as a last resort). Results: results/bench_codecs-<host>-<time>.json and
+markdown tables on stdout; progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -62,6 +89,8 @@ SINGLE = [
     "lzma:6",
 ]
 CORES = os.cpu_count() or 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SETTINGS = ("sync", "prefetch")
 
 
 def log(msg: str, *args: object) -> None:
@@ -157,44 +186,84 @@ def _mounted(mnt: Path) -> bool:
         return any(line.split()[4] == str(mnt) for line in f)
 
 
+def _serving_pids(mnt: Path) -> list[int]:
+    """The processes serving `mnt`: every process whose argv is `... mount PACK MNT ...`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in argv and str(mnt).encode() in argv and b"fanfs" in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """utime + stime of `pids` (each process's threads included), in seconds."""
+    total = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
+    return total / CLK_TCK
+
+
 @contextlib.contextmanager
-def mounted(pack: Path, mnt: Path) -> Iterator[Path]:
+def mounted(pack: Path, mnt: Path) -> Iterator[tuple[list[int], Path]]:
+    """A fresh mount of `pack`, yielded once its partitions are preloaded (or after 30 s)."""
     mnt.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [*FANFS, "mount", str(pack), str(mnt), "--log", str(mnt) + ".log"], check=True, timeout=120
-    )
+    log_path = mnt.parent / (mnt.name + ".log")
+    log_path.unlink(missing_ok=True)
+    subprocess.run([*FANFS, "mount", str(pack), str(mnt), "--log", str(log_path)], check=True, timeout=120)
     try:
-        yield mnt
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "preload" not in log_path.read_text():
+            time.sleep(0.02)
+        yield _serving_pids(mnt), log_path
     finally:
-        result = subprocess.run(
-            [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
-        )
+        result = subprocess.run([*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False)
         if result.returncode != 0 or _mounted(mnt):
             log("umount failed (%s); lazy unmount", result.stderr.decode().strip())
             subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
 
 
-def _reader(paths: list[str], start: Any, out: Any) -> None:
+def _mount_stats(log_path: Path) -> dict[str, Any]:
+    """The statistics the mount logs when it is unmounted (decode counters)."""
+    for line in reversed(log_path.read_text().splitlines()):
+        if "statistics: " in line:
+            return ast.literal_eval(line.split("statistics: ", 1)[1])
+    return {}
+
+
+def _reader(paths: list[str], timed: bool, start: Any, out: Any) -> None:
     start.wait()
-    total = 0
+    total, times = 0, []
     for path in paths:
+        t0 = time.perf_counter()
         fd = os.open(path, os.O_RDONLY)
         try:
             while chunk := os.read(fd, 1 << 20):
                 total += len(chunk)
         finally:
             os.close(fd)
-    out.put(total)
+        if timed:
+            times.append(time.perf_counter() - t0)
+    out.put((total, paths if timed else None, times))
 
 
-def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int) -> tuple[float, int]:
-    """Read every file once with `readers` processes; returns (seconds, bytes)."""
+def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False) -> dict[str, Any]:
+    """Read every file once with `readers` processes, in a shuffled order, unbuffered.
+    Returns seconds, bytes, and with `timed` each file's read time (open to close)."""
     order = list(rels)
     random.Random(seed).shuffle(order)
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_reader, args=([str(mnt / r) for r in order[i::readers]], start, out))
+        ctx.Process(target=_reader, args=([str(mnt / r) for r in order[i::readers]], timed, start, out))
         for i in range(readers)
     ]
     for p in procs:
@@ -202,13 +271,17 @@ def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int) -> tuple[flo
     time.sleep(0.2)
     t0 = time.perf_counter()
     start.set()
-    total = sum(out.get(timeout=600) for _ in procs)
+    parts = [out.get(timeout=600) for _ in procs]
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join(30)
         if p.exitcode != 0:
             raise RuntimeError("reader failed")
-    return elapsed, total
+    result: dict[str, Any] = {"seconds": elapsed, "bytes": sum(p[0] for p in parts)}
+    if timed:
+        prefix = len(str(mnt)) + 1
+        result["file_s"] = {path[prefix:]: t for part in parts for path, t in zip(part[1], part[2], strict=True)}
+    return result
 
 
 def warm_pack(pack: Path) -> None:
@@ -218,18 +291,21 @@ def warm_pack(pack: Path) -> None:
                 pass
 
 
-def measure_pack(pack: Path, mnt: Path, rels: list[str], args: argparse.Namespace) -> list[float]:
-    """Files/s of `repeats` cold epochs, each through a fresh mount."""
-    rates = []
-    for rep in range(args.repeats):
-        warm_pack(pack)
-        with mounted(pack, mnt):
-            seconds, _ = read_epoch(mnt, rels, args.readers, seed=rep)
-        rates.append(len(rels) / seconds)
-    return rates
+def epoch(pack: Path, mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False) -> dict[str, Any]:
+    """One cold epoch through a fresh mount: wall seconds, serving CPU seconds, decode counters."""
+    warm_pack(pack)
+    with mounted(pack, mnt) as (pids, log_path):
+        cpu0 = _cpu_s(pids)
+        result = read_epoch(mnt, rels, readers, seed, timed)
+        result["cpu_s"] = _cpu_s(pids) - cpu0
+        result["serving_processes"] = len(pids)
+    stats = _mount_stats(log_path)
+    keys = ("inline_decodes", "thread_decodes", "cache_hits", "chunk_reads", "read_ns")
+    result["stats"] = {k: stats.get(k) for k in keys}
+    return result
 
 
-# --- packs ------------------------------------------------------------------------------------
+# --- packs and plans --------------------------------------------------------------------------
 
 
 def pack(src: Path, out: Path, codec_args: list[str]) -> float:
@@ -248,227 +324,538 @@ def pack_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir())
 
 
-def predicted_decode_s(plan: dict[str, Any], codec: str) -> float | None:
-    """One-thread decode seconds per epoch of a single-codec pack, from the plan's estimates."""
-    total = 0.0
+def pack_dir(work: Path, name: str) -> Path:
+    return work / (name.replace(":", "-") + ".fan")
+
+
+def recorded_plan(path: Path) -> dict[str, Any]:
+    cmd = [*FANFS, "inspect", "--json", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["plan"]
+
+
+def predicted(plan: dict[str, Any], codec: str) -> tuple[int, float] | None:
+    """(projected bytes, one-thread decode seconds per epoch) of a single-codec pack, from the
+    plan's per-class estimates; None if the plan did not profile `codec` for every class."""
+    size, decode = 0, 0.0
     for row in plan["classes"]:
         ests = {c["codec"]: c for c in row["candidates"]}
         if codec not in ests:
             return None
-        total += ests[codec]["decode_s"]
-    return total
+        size += ests[codec]["projected_bytes"]
+        decode += ests[codec]["decode_s"]
+    return size, decode
 
 
-def predicted_bytes(plan: dict[str, Any], codec: str) -> int | None:
-    total = 0
+def fit_read_model(file_s: dict[str, float], sizes: dict[str, int]) -> tuple[float, float]:
+    """Least-squares latency (s) and bandwidth (bytes/s) of t = L + size / BW."""
+    from fanfs.optimizer import fit_read_model as fit
+
+    model = fit([(sizes[rel], t) for rel, t in file_s.items()])
+    return model.latency_s, model.bytes_per_s
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+def budget_args(setting: str, cal: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    common = ["--time-budget", args.time_budget, "--seed", str(args.plan_seed)]
+    if setting == "sync-src":  # the planner's default read model: fitted on reading SRC
+        return ["--mode", "sync", "--max-overhead", args.max_overhead, *common]
+    if setting == "sync":
+        return [
+            "--mode", "sync", "--max-overhead", args.max_overhead,
+            "--read-latency-ms", "%.6f" % (cal["read_latency_s"] * 1e3),
+            "--read-mbps", "%.3f" % (cal["read_bytes_per_s"] / 1e6),
+            *common,
+        ]  # fmt: skip
+    return [
+        "--mode", "prefetch",
+        "--target-rate", "%.1f" % (args.target_share * cal["raw_rate_many"]),
+        "--decode-cores", "%.4f" % (CORES * (1 - args.target_share)),
+        *common,
+    ]  # fmt: skip
+
+
+def calibrate(work: Path, rels: list[str], sizes: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
+    """Epochs of the raw pack: the sync read model (one reader, per-file times) and the raw
+    rate of the many-reader load."""
+    none_pack, mnt = pack_dir(work, "none"), work / "mnt"
+    per_file: dict[str, list[float]] = {r: [] for r in rels}
+    one, many = [], []
+    for rnd in range(args.calibrate_rounds):
+        e = epoch(none_pack, mnt, rels, 1, seed=100 + rnd, timed=True)
+        for rel, t in e["file_s"].items():
+            per_file[rel].append(t)
+        one.append(len(rels) / e["seconds"])
+        many.append(len(rels) / epoch(none_pack, mnt, rels, args.readers, seed=100 + rnd)["seconds"])
+        log("calibration %d: 1 reader %.0f files/s, %d readers %.0f files/s", rnd, one[-1], args.readers, many[-1])
+    latency, bandwidth = fit_read_model({r: statistics.median(t) for r, t in per_file.items()}, sizes)
+    cal = {
+        "read_latency_s": latency,
+        "read_bytes_per_s": bandwidth,
+        "raw_rate_one": statistics.median(one),
+        "raw_rate_many": statistics.median(many),
+        "rates_one": one,
+        "rates_many": many,
+    }
+    log("read model %.1f us + size / %.0f MB/s; raw rates %.0f (1 reader), %.0f (%d readers) files/s",
+        latency * 1e6, bandwidth / 1e6, cal["raw_rate_one"], cal["raw_rate_many"], args.readers)
+    return cal
+
+
+def build_packs(work: Path, src: Path, cal: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    packs: dict[str, Any] = {}
+    for setting in args.settings:
+        path = pack_dir(work, "auto-" + setting)
+        seconds = pack(src, path, ["auto", *budget_args(setting, cal, args)])
+        plan = recorded_plan(path)
+        packs["auto-" + setting] = {"pack_s": seconds, "bytes": pack_bytes(path), "plan": plan}
+        codecs = ", ".join("%s=%s" % (r["class"], r["codec"]) for r in plan["classes"])
+        log("auto-%s: %.1f MB in %.1f s (profiling %.1f s): %s", setting,
+            packs["auto-" + setting]["bytes"] / 1e6, seconds, plan["sample"]["seconds"], codecs)
+    for codec in args.codecs.split():
+        path = pack_dir(work, codec)
+        if codec == "none" and path.exists():
+            seconds = args.none_pack_s
+        else:
+            seconds = pack(src, path, [codec])
+        packs[codec] = {"pack_s": seconds, "bytes": pack_bytes(path)}
+        log("%s: %.1f MB in %.1f s", codec, packs[codec]["bytes"] / 1e6, seconds)
+    return packs
+
+
+def measure(work: Path, rels: list[str], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`rounds` rounds. Each visits every (pack, load) once, in an order shuffled per round, and
+    reads the raw pack under the same load right before every visit and at the end: each
+    epoch is compared with the raw epochs next to it in time, as the machine's load drifts."""
+    mnt = work / "mnt"
+    loads = sorted({_load(s, args) for s in args.settings})
+    epochs: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        visits = [(n, r) for n in names if n != "none" for r in loads]
+        random.Random(1000 + rnd).shuffle(visits)
+        sequence = [v for visit in visits for v in (("none", visit[1]), visit)] + [("none", r) for r in loads]
+        t0 = time.monotonic()
+        for name, readers in sequence:
+            e = epoch(pack_dir(work, name), mnt, rels, readers, seed=rnd)
+            if e["bytes"] != args.total_bytes:
+                raise RuntimeError("%s: read %d bytes, expected %d" % (name, e["bytes"], args.total_bytes))
+            e.update(round=rnd, pack=name, readers=readers, seq=len(epochs))
+            epochs.append(e)
+        log("round %d of %d in %.0f s; load average %s", rnd + 1, args.rounds, time.monotonic() - t0,
+            " ".join(open("/proc/loadavg").read().split()[:3]))
+    return epochs
+
+
+def _read_s(e: dict[str, Any]) -> float:
+    """Seconds the mount spent serving READs in the epoch (its own counter), NaN if absent."""
+    ns = e["stats"].get("read_ns")
+    return ns / 1e9 if ns is not None else math.nan
+
+
+def paired(epochs: list[dict[str, Any]], readers: int) -> dict[str, list[tuple[dict[str, Any], dict[str, float]]]]:
+    """Per pack, under the load of `readers`: each epoch with the mean wall, CPU and READ
+    service seconds of the raw-pack epochs just before and after it (same load)."""
+    seq = sorted((e for e in epochs if e["readers"] == readers), key=lambda e: e["seq"])
+    out: dict[str, list[tuple[dict[str, Any], dict[str, float]]]] = {}
+    for i, e in enumerate(seq):
+        near = [e]
+        if e["pack"] != "none":
+            near = [next((x for x in reversed(seq[:i]) if x["pack"] == "none"), None),
+                    next((x for x in seq[i + 1 :] if x["pack"] == "none"), None)]  # fmt: skip
+            near = [x for x in near if x is not None]
+        raw = {
+            "seconds": statistics.mean(x["seconds"] for x in near),
+            "cpu_s": statistics.mean(x["cpu_s"] for x in near),
+            "read_s": statistics.mean(_read_s(x) for x in near),
+        }
+        out.setdefault(e["pack"], []).append((e, raw))
+    return out
+
+
+def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse.Namespace) -> None:
+    """The cost model per class: READ service time of each class's files through the mount,
+    over the raw pack's, against the plan's estimate for the codec the pack used there.
+
+    One reader; each mount reads the class PASSES times (page cache dropped for each file with
+    POSIX_FADV_DONTNEED after reading it), packs alternated, `--rounds` rounds, medians.
+    """
+    passes = 3
+    plan = packs["auto-" + args.settings[0]]["plan"]
+    names = ["none", *args.per_class.split(",")]
+    classes = [row["class"] for row in plan["classes"]]
+    known = frozenset(classes)
+    coded = [row["class"] for row in plan["classes"] if any(c["decode_s"] for c in row["candidates"])]
+    from fanfs.optimizer import class_of
+
+    members = {c: [r for r in rels if class_of(r.encode(), known) == c] for c in classes}
+    read_s: dict[tuple[str, str], list[float]] = {}
+    mnt = work / "mnt"
+    for rnd in range(args.rounds):
+        for cls in coded:  # incompressible classes are stored raw by every pack
+            for name in names:
+                pack_path = pack_dir(work, name)
+                warm_pack(pack_path)
+                with mounted(pack_path, mnt) as (_, log_path):
+                    for _ in range(passes):
+                        for rel in members[cls]:
+                            fd = os.open(mnt / rel, os.O_RDONLY)
+                            try:
+                                while os.read(fd, 1 << 20):
+                                    pass
+                                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                            finally:
+                                os.close(fd)
+                read_s.setdefault((cls, name), []).append(_mount_stats(log_path)["read_ns"] / 1e9 / passes)
+        log("per-class round %d of %d", rnd + 1, args.rounds)
+    print("\n### Cost model per class: decode per epoch through the mount (READ time over the raw pack's) "
+          "against the plan's estimate\n")
+    print("| class | files | pack | codec there | estimated s | measured s | measured / estimated |")
+    print("|---|---|---|---|---|---|---|")
     for row in plan["classes"]:
-        ests = {c["codec"]: c for c in row["candidates"]}
-        if codec not in ests:
-            return None
-        total += ests[codec]["projected_bytes"]
-    return total
+        cls = row["class"]
+        if cls not in coded:
+            continue
+        base = statistics.median(read_s[(cls, "none")])
+        for name in names[1:]:
+            codec = packs[name]["plan"]["classes"][classes.index(cls)]["codec"] if name.startswith("auto-") else name
+            est = next((c["decode_s"] for c in row["candidates"] if c["codec"] == codec), None)
+            got = statistics.median(read_s[(cls, name)]) - base
+            if not est:
+                continue
+            print("| %s | %d | %s | %s | %.4f | %.4f | %.2f |" % (cls, row["files"], name, codec, est, got, got / est))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def _load(setting: str, args: argparse.Namespace) -> int:
+    return args.readers if setting == "prefetch" else 1
+
+
+def summarise(setting: str, res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Per pack, under `setting`'s load: size, predicted and measured decode and rates."""
+    n, readers = res["files"], _load(setting, args)
+    plan = res["packs"]["auto-" + setting]["plan"]
+    budget = plan["budget_s"]
+    pairs = paired(res["epochs"], readers)
+    raw_s = [e["seconds"] for e, _ in pairs["none"]]
+    raw_rate = n / statistics.median(raw_s)
+    # In SINGLE's order (a results file's packs come back sorted by name).
+    rank = {name: i for i, name in enumerate(SINGLE)}
+    single_names = sorted((p for p in res["packs"] if p != "none" and not p.startswith("auto-")),
+                          key=lambda p: (rank.get(p, len(rank)), p))
+    names = ["none", "auto-" + setting, *single_names]
+    names += sorted(p for p in res["packs"] if p.startswith("auto-") and p != "auto-" + setting)
+    threshold = args.target_share if setting == "prefetch" else 1 / (1 + budget * raw_rate / n)
+    rows = []
+    for name in names:
+        pk = res["packs"][name]
+        if name == "none":
+            pred_size, pred_decode = res["bytes"], 0.0
+        elif name.startswith("auto-"):
+            pred_size, pred_decode = pk["plan"]["projected_bytes"], pk["plan"]["decode_s"]
+        else:
+            est = predicted(plan, name)
+            pred_size, pred_decode = est if est else (None, None)
+        if pred_decode is None:
+            pred_ratio = None
+        elif setting == "prefetch":
+            pred_ratio = 1 / (1 + pred_decode * raw_rate / (n * CORES))
+        else:  # one synchronous reader: the decode adds to the epoch
+            pred_ratio = 1 / (1 + pred_decode * raw_rate / n)
+        row = {
+            "pack": name,
+            "bytes": pk["bytes"],
+            "pack_s": pk["pack_s"],
+            "predicted_bytes": pred_size,
+            "predicted_decode_s": pred_decode,
+            "predicted_ratio": pred_ratio,
+            "meets_predicted": pred_decode is not None and pred_decode <= budget * (1 + 1e-4),
+            "measured": False,
+        }
+        eps = pairs.get(name, [])
+        if eps:
+            ratios = [raw["seconds"] / e["seconds"] for e, raw in eps]
+            dcpu = [e["cpu_s"] - raw["cpu_s"] for e, raw in eps]
+            dread = [_read_s(e) - raw["read_s"] for e, raw in eps]
+            row.update(
+                measured=True,
+                measured_decode_cpu_s=statistics.median(dcpu),
+                decode_cpu_s_rounds=dcpu,
+                measured_decode_read_s=statistics.median(dread),
+                decode_read_s_rounds=dread,
+                rates=[n / e["seconds"] for e, _ in eps],
+                rate=statistics.median([n / e["seconds"] for e, _ in eps]),
+                ratios=ratios,
+                ratio=statistics.median(ratios),
+                meets_measured=statistics.median(ratios) >= threshold,
+            )
+        rows.append(row)
+    auto = next(r for r in rows if r["pack"] == "auto-" + setting)
+    singles = [r for r in rows if not r["pack"].startswith("auto-")]
+    best_pred = min((r for r in singles if r["meets_predicted"]), key=lambda r: r["bytes"])
+    best_meas = min((r for r in singles if r["measured"] and r["meets_measured"]), key=lambda r: r["bytes"])
+    return {
+        "setting": setting,
+        "readers": readers,
+        "budget_s": budget,
+        "threshold_ratio": threshold,
+        "raw_rate": raw_rate,
+        "raw_rates": [n / s for s in raw_s],
+        "rows": rows,
+        "best_single_predicted": best_pred["pack"],
+        "auto_smaller_pct": 100 * (1 - auto["bytes"] / best_pred["bytes"]),
+        "best_single_measured": best_meas["pack"],
+        "auto_smaller_than_measured_best_pct": 100 * (1 - auto["bytes"] / best_meas["bytes"]),
+        "auto_rate_vs_predicted": auto["ratio"] / auto["predicted_ratio"],
+        "auto_decode_cpu_vs_predicted": auto["measured_decode_cpu_s"] / auto["predicted_decode_s"]
+        if auto["predicted_decode_s"]
+        else None,
+        "auto_decode_read_vs_predicted": auto["measured_decode_read_s"] / auto["predicted_decode_s"]
+        if auto["predicted_decode_s"]
+        else None,
+    }
+
+
+def print_summary(s: dict[str, Any], res: dict[str, Any], args: argparse.Namespace) -> None:
+    what = {
+        "sync": "sync, --max-overhead %s, read model of the raw mount" % args.max_overhead,
+        "sync-src": "sync, --max-overhead %s, read model fitted on SRC (the planner's default)"
+        % args.max_overhead,
+        "prefetch": "prefetch, --target-rate %.0f files/s (%.2f x raw), --decode-cores %.2f"
+        % (args.target_share * res["calibration"]["raw_rate_many"], args.target_share,
+           res["cores"] * (1 - args.target_share)),
+    }[s["setting"]]
+    print("\n### %s: %s; %d reader(s); budget %.4f s of one-thread decode per epoch\n" % (
+        s["setting"], what, s["readers"], s["budget_s"]))
+    print("| pack | size MB | ratio | pack s | predicted decode s | measured decode s (serving CPU / READ time) "
+          "| files/s | vs raw (median [min, max]) | predicted vs raw | meets budget (predicted / measured) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in s["rows"]:
+        measured = (
+            "%.3f / %.3f | %.0f | %.2f [%.2f, %.2f]" % (
+                r["measured_decode_cpu_s"], r["measured_decode_read_s"], r["rate"], r["ratio"], min(r["ratios"]),
+                max(r["ratios"]))
+            if r["measured"] else "- | - | -"
+        )  # fmt: skip
+        print("| %s | %.1f | %.2fx | %.1f | %s | %s | %s | %s / %s |" % (
+            "**%s**" % r["pack"] if r["pack"] == "auto-" + s["setting"] else r["pack"],
+            r["bytes"] / 1e6, res["bytes"] / r["bytes"], r["pack_s"],
+            "%.4f" % r["predicted_decode_s"] if r["predicted_decode_s"] is not None else "-",
+            measured,
+            "%.3f" % r["predicted_ratio"] if r["predicted_ratio"] is not None else "-",
+            "yes" if r["meets_predicted"] else "no",
+            ("yes" if r["meets_measured"] else "no") if r["measured"] else "-"))
+    raw = s["raw_rates"]
+    auto = next(r for r in s["rows"] if r["pack"] == "auto-" + s["setting"])
+    print()
+    q1, _, q3 = statistics.quantiles(raw, n=4) if len(raw) > 1 else (raw[0], 0, raw[0])
+    print("raw pack: %d epochs, median %.0f files/s, quartiles %.0f-%.0f, range %.0f-%.0f; needed vs raw: %.3f" % (
+        len(raw), s["raw_rate"], q1, q3, min(raw), max(raw), s["threshold_ratio"]))
+    print("best single codec within the budget (predicted): %s; auto %.1f%% smaller" % (
+        s["best_single_predicted"], s["auto_smaller_pct"]))
+    print("best single codec within the budget (measured): %s; auto %.1f%% smaller" % (
+        s["best_single_measured"], s["auto_smaller_than_measured_best_pct"]))
+    print("auto: measured %.3f of raw, predicted %.3f (measured/predicted %.2f); decode measured %.4f s "
+          "(serving CPU) / %.4f s (READ time), predicted %.4f s" % (
+              auto["ratio"], auto["predicted_ratio"], s["auto_rate_vs_predicted"], auto["measured_decode_cpu_s"],
+              auto["measured_decode_read_s"], auto["predicted_decode_s"]))
+
+
+def sweep(plan: dict[str, Any], budgets: list[float]) -> list[dict[str, Any]]:
+    """Model only: the auto plan and the best single codec at other budgets, from `plan`'s
+    per-class estimates (the optimizer's own selection, no packing)."""
+    from fanfs.optimizer import ClassProfile, Estimate, Objective, parse_candidates, select
+
+    cands = {str(c): c for c in parse_candidates(" ".join(plan["settings"]["candidates"]))}
+    profiles = [
+        ClassProfile(row["class"], row["files"], row["bytes"], [
+            Estimate(cands[e["codec"]], e["projected_bytes"], e["decode_s"], e["compress_s"], e["sample_units"],
+                     e["sample_bytes"]) for e in row["candidates"]])
+        for row in plan["classes"]
+    ]  # fmt: skip
+    singles = {c: predicted(plan, c) for c in cands if not c.endswith("+dict")}
+    out = []
+    for budget in budgets:
+        sel = select(profiles, Objective("sync", budget))
+        size, name = min((est[0], c) for c, est in singles.items() if est and est[1] <= budget * (1 + 1e-4))
+        out.append({
+            "budget_s": budget,
+            "auto_bytes": sel.stored_bytes,
+            "auto_codecs": {
+                row["class"]: str(e.candidate) for row, e in zip(plan["classes"], sel.choices, strict=True)
+            },
+            "best_single": name,
+            "best_single_bytes": size,
+            "gain_pct": 100 * (1 - sel.stored_bytes / size),
+        })  # fmt: skip
+    return out
+
+
+def _small_text(row: dict[str, Any]) -> bool:
+    """A class of small compressible objects (mean under 32 KiB, some codec shrinks it)."""
+    small = row["bytes"] < 32 * 1024 * row["files"]
+    return small and any(c["projected_bytes"] < row["bytes"] for c in row["candidates"])
+
+
+def sensitivity(plan: dict[str, Any], scales: tuple[int, ...] = (1, 3, 10, 30)) -> list[dict[str, Any]]:
+    """Model only: the small-object classes scaled k-fold (files, bytes, estimates), and the
+    largest gain of auto over the best single codec at any budget."""
+    out = []
+    for k in scales:
+        rows = [
+            dict(row, files=row["files"] * k, bytes=row["bytes"] * k, candidates=[
+                dict(c, projected_bytes=c["projected_bytes"] * k, decode_s=c["decode_s"] * k)
+                for c in row["candidates"]])
+            if _small_text(row) else row
+            for row in plan["classes"]
+        ]  # fmt: skip
+        scaled = dict(plan, classes=rows)
+        total = sum(r["bytes"] for r in rows)
+        top = max(sweep(scaled, np.geomspace(0.0005, 2.0, 120).tolist()), key=lambda r: r["gain_pct"])
+        out.append({
+            "scale": k,
+            "small_share": sum(r["bytes"] for r in rows if _small_text(r)) / total,
+            "max_gain_pct": top["gain_pct"],
+            "at_budget_s": top["budget_s"],
+            "best_single": top["best_single"],
+        })  # fmt: skip
+    return out
+
+
+def print_sweep(res: dict[str, Any]) -> None:
+    marks = {round(res["packs"]["auto-" + s]["plan"]["budget_s"], 6): s for s in res["settings"]}
+    marks.setdefault(round(res["default_plan"]["budget_s"], 6), "planner default")
+    print("\n### Model only: auto against the best single codec over a range of budgets\n")
+    print("From the per-class estimates of the %s plan; single codecs whose estimated decode fits."
+          % res["sweep_from"])
+    print()
+    print("| decode budget s/epoch | setting | auto MB | best single | its MB | auto smaller by |")
+    print("|---|---|---|---|---|---|")
+    for row in res["sweep"]:
+        print("| %.4f | %s | %.1f | %s | %.1f | %.1f%% |" % (
+            row["budget_s"], marks.get(round(row["budget_s"], 6), ""), row["auto_bytes"] / 1e6,
+            row["best_single"], row["best_single_bytes"] / 1e6, row["gain_pct"]))
+    best = max(res["sweep"], key=lambda r: r["gain_pct"])
+    print("\nlargest gain %.1f%% at %.4f s (auto %s)" % (
+        best["gain_pct"], best["budget_s"], ", ".join("%s=%s" % kv for kv in best["auto_codecs"].items())))
+    print("\nSensitivity (model only): the classes of small compressible files (%s) scaled k-fold; the largest "
+          "gain of auto over the best single codec at any budget:\n" % ", ".join(
+              r["class"] for r in res["packs"]["auto-" + res["sweep_from"]]["plan"]["classes"] if _small_text(r)))
+    print("| k | their share of the bytes | largest gain | at budget s | best single there |")
+    print("|---|---|---|---|---|")
+    for row in res["sensitivity"]:
+        print("| %d | %.1f%% | %.1f%% | %.4f | %s |" % (
+            row["scale"], 100 * row["small_share"], row["max_gain_pct"], row["at_budget_s"], row["best_single"]))
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+    """The tables (stdout) and the summaries, sweep and sensitivity (into `res`)."""
+    print("## bench_codecs: %d files, %.1f MB, %d cores, %d rounds" % (res["files"], res["bytes"] / 1e6,
+                                                                      res["cores"], res["rounds"]))
+    res["summaries"] = {}
+    for setting in res["settings"]:
+        res["summaries"][setting] = summarise(setting, res, args)
+        print_summary(res["summaries"][setting], res, args)
+    res["sweep_from"] = res["settings"][0]
+    ref = res["packs"]["auto-" + res["sweep_from"]]["plan"]
+    budgets = sorted({*np.geomspace(0.001, 0.4, 22).tolist(), res["default_plan"]["budget_s"],
+                      *(res["packs"]["auto-" + s]["plan"]["budget_s"] for s in res["settings"])})
+    res["sweep"] = sweep(ref, budgets)
+    res["sensitivity"] = sensitivity(ref)
+    print_sweep(res)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default="/tmp/fanfs-bench-codecs")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--readers", type=int, default=4)
-    parser.add_argument(
-        "--target-share",
-        type=float,
-        default=0.8,
-        help="the job must get this share of the raw pack's read rate (default 0.8)",
-    )
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)")
+    parser.add_argument("--calibrate-rounds", type=int, default=3)
+    parser.add_argument("--readers", type=int, default=4, help="reader processes of the prefetch load (default 4)")
+    parser.add_argument("--settings", default="sync,prefetch",
+                        help="budgets to plan and check: sync, prefetch, sync-src (default sync,prefetch)")
+    parser.add_argument("--max-overhead", default="5%", help="sync budget (default 5%%)")
+    parser.add_argument("--target-share", type=float, default=0.95,
+                        help="prefetch: the job must get this share of the raw pack's rate (default 0.95)")
     parser.add_argument("--codecs", default=" ".join(SINGLE))
-    parser.add_argument("--time-budget", default="60")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--remeasure", default=None, metavar="PACKS",
-                        help="only measure these packs (e.g. none,auto,zstd:19) again, interleaved, "
-                        "--repeats rounds; reuses the packs in --workdir (auto must exist)")
+    parser.add_argument("--time-budget", default="30", help="the planner's --time-budget (default 30)")
+    parser.add_argument("--seed", type=int, default=1, help="dataset seed (default 1)")
+    parser.add_argument("--plan-seed", type=int, default=0, help="the planner's --seed (default 0)")
+    parser.add_argument("--packs", default=None, metavar="LIST",
+                        help="measure only these single-codec packs (commas) besides none and the auto packs")
+    parser.add_argument("--report", default=None, metavar="RESULTS",
+                        help="print the tables again from a results JSON of an earlier run; measure nothing")
+    parser.add_argument("--per-class", default=None, metavar="PACKS",
+                        help="with --measure-only: check the cost model class by class on these packs "
+                        "(e.g. lz4,zstd:19,auto-sync) instead of the epoch measurements")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="reuse the packs and calibration in --workdir (packs.json); measure again")
     args = parser.parse_args()
-    if args.remeasure:
-        return remeasure(Path(args.workdir), args.remeasure.split(","), args)
+    args.settings = args.settings.split(",")
+    if args.report:
+        res = json.loads(Path(args.report).read_text())
+        args.readers, args.target_share = res["readers"], res["target_share"]
+        args.max_overhead = res["max_overhead"]
+        report(res, args)
+        return 0
+    if not set(args.settings) <= {"sync", "prefetch", "sync-src"}:
+        parser.error("--settings: sync, prefetch, sync-src")
     work = Path(args.workdir)
-    src, mnt = work / "src", work / "mnt"
+    src = work / "src"
     if not src.exists():
         log("generating the dataset in %s", src)
         make_dataset(src, args.seed)
     rels = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
-    total = sum((src / r).stat().st_size for r in rels)
-    log("%d files, %.1f MB", len(rels), total / 1e6)
-
-    results: dict[str, Any] = {
+    sizes = {r: (src / r).stat().st_size for r in rels}
+    args.total_bytes = sum(sizes.values())
+    log("%d files, %.1f MB", len(rels), args.total_bytes / 1e6)
+    state = work / "packs.json"
+    if args.measure_only:
+        saved = json.loads(state.read_text())
+        cal, packs, default_plan = saved["calibration"], saved["packs"], saved["default_plan"]
+        args.settings = [s for s in args.settings if "auto-" + s in packs]
+    else:
+        args.none_pack_s = pack(src, pack_dir(work, "none"), ["none"])
+        cal = calibrate(work, rels, sizes, args)
+        # What the planner does by default (sync 5%, read model fitted on SRC): the budget
+        # shows in the model-only sweep.
+        default_plan = json.loads(subprocess.run(
+            [*FANFS, "plan", "--json", str(src), "--time-budget", args.time_budget, "--seed", str(args.plan_seed)],
+            capture_output=True, text=True, check=True).stdout)  # fmt: skip
+        packs = build_packs(work, src, cal, args)
+        state.write_text(json.dumps({"calibration": cal, "packs": packs, "default_plan": default_plan}))
+    if args.per_class:
+        per_class(work, rels, packs, args)
+        return 0
+    res: dict[str, Any] = {
         "host": platform.node(),
         "cores": CORES,
         "files": len(rels),
-        "bytes": total,
-        "repeats": args.repeats,
+        "bytes": args.total_bytes,
+        "rounds": args.rounds,
         "readers": args.readers,
-        "packs": {},
+        "settings": args.settings,
+        "max_overhead": args.max_overhead,
+        "target_share": args.target_share,
+        "calibration": cal,
+        "default_plan": default_plan,
+        "packs": packs,
     }
-    none_pack = work / "none.fan"
-    results["packs"]["none"] = {
-        "pack_s": pack(src, none_pack, ["none"]),
-        "bytes": pack_bytes(none_pack),
-    }
-    rates = measure_pack(none_pack, mnt, rels, args)
-    raw_rate = statistics.median(rates)
-    results["packs"]["none"]["rates"] = rates
-    target = args.target_share * raw_rate
-    decode_cores = CORES * (1 - args.target_share)
-    log(
-        "raw pack: %.0f files/s (median of %s); target %.0f files/s, %.2f cores for decode",
-        raw_rate,
-        ["%.0f" % r for r in rates],
-        target,
-        decode_cores,
-    )
-    budget = [
-        "--mode",
-        "prefetch",
-        "--target-rate",
-        "%.1f" % target,
-        "--decode-cores",
-        "%.3f" % decode_cores,
-        "--time-budget",
-        args.time_budget,
-    ]
-    results.update(target_files_per_s=target, decode_cores=decode_cores, raw_rate=raw_rate)
-
-    auto_pack = work / "auto.fan"
-    results["packs"]["auto"] = {
-        "pack_s": pack(src, auto_pack, ["auto", *budget]),
-        "bytes": pack_bytes(auto_pack),
-    }
-    plan = json.loads(
-        subprocess.run(
-            [*FANFS, "inspect", "--json", str(auto_pack)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )["plan"]
-    results["plan"] = plan
-    budget_s = plan["budget_s"]
-    log("auto plan: %s", ", ".join("%s=%s" % (r["class"], r["codec"]) for r in plan["classes"]))
-    results["packs"]["auto"]["rates"] = measure_pack(auto_pack, mnt, rels, args)
-    results["packs"]["auto"]["predicted_decode_s"] = plan["decode_s"]
-    results["packs"]["auto"]["predicted_bytes"] = plan["projected_bytes"]
-    results["packs"]["none"]["predicted_decode_s"] = 0.0
-    for codec in args.codecs.split():
-        if codec == "none":
-            continue
-        out = work / (codec.replace(":", "-") + ".fan")
-        entry = {
-            "pack_s": pack(src, out, [codec]),
-            "bytes": pack_bytes(out),
-            "predicted_decode_s": predicted_decode_s(plan, codec),
-            "predicted_bytes": predicted_bytes(plan, codec),
-        }
-        entry["rates"] = measure_pack(out, mnt, rels, args)
-        results["packs"][codec] = entry
-        shutil.rmtree(out)
-        log(
-            "%s: %.1f MB in %.1fs, %s files/s",
-            codec,
-            entry["bytes"] / 1e6,
-            entry["pack_s"],
-            ["%.0f" % r for r in entry["rates"]],
-        )
-    report(results, budget_s, raw_rate, target)
+    names = list(packs)
+    if args.packs:
+        keep = set(args.packs.split(","))
+        names = [p for p in names if p == "none" or p.startswith("auto-") or p in keep]
+    res["epochs"] = measure(work, rels, names, args)
+    report(res, args)
     out_dir = REPO / "results"
     out_dir.mkdir(exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H-%M")
     path = out_dir / ("bench_codecs-%s-%s.json" % (platform.node(), stamp))
-    path.write_text(json.dumps(results, indent=1, sort_keys=True))
+    path.write_text(json.dumps(res, indent=1, sort_keys=True))
     log("results in %s", path)
     return 0
-
-
-def remeasure(work: Path, names: list[str], args: argparse.Namespace) -> int:
-    """Round-robin over the packs, one fresh-mount epoch each per round, so that a noisy spell
-    on a shared machine hits every pack alike; prints every rate and the medians."""
-    src, mnt = work / "src", work / "mnt"
-    rels = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
-    packs = {n: work / (n.replace(":", "-") + ".fan") for n in names}
-    for name, path in packs.items():
-        if not path.exists():
-            pack(src, path, [name])
-    one = argparse.Namespace(repeats=1, readers=args.readers)
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(args.repeats):
-        for name, path in packs.items():
-            rates[name] += measure_pack(path, mnt, rels, one)
-        log("round %d: %s", rnd, ", ".join("%s %.0f" % (n, r[-1]) for n, r in rates.items()))
-    raw = statistics.median(rates[names[0]])
-    print("| pack | files/s, %d rounds | median | vs %s |" % (args.repeats, names[0]))
-    print("|---|---|---|---|")
-    for name, r in rates.items():
-        print("| %s | %s | %.0f | %.2f |" % (name, ", ".join("%.0f" % x for x in r), statistics.median(r),
-                                            statistics.median(r) / raw))
-    return 0
-
-
-def report(results: dict[str, Any], budget_s: float, raw_rate: float, target: float) -> None:
-    n = results["files"]
-    rows = []
-    print(
-        "| pack | size MB | ratio | pack s | files/s (median) | vs raw | predicted decode s/epoch | "
-        "predicted files/s | measured decode s/epoch | meets budget (predicted / measured) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, e in results["packs"].items():
-        rate = statistics.median(e["rates"])
-        pred = e.get("predicted_decode_s")
-        # CPU-bound on all cores: each file costs cores/raw_rate plus its decode / cores ... in
-        # files/s: 1 / (1/raw + decode_per_file/cores).
-        pred_rate = 1 / (1 / raw_rate + pred / n / results["cores"]) if pred is not None else None
-        measured_decode = max(0.0, (1 / rate - 1 / raw_rate) * results["cores"] * n)
-        meets_pred = (
-            "yes"
-            if pred is not None and pred <= budget_s * 1.0001
-            else "no"
-            if pred is not None
-            else "?"
-        )
-        meets_meas = "yes" if rate >= target else "no"
-        rows.append((name, e["bytes"], rate, pred, meets_pred, meets_meas))
-        print(
-            "| %s | %.1f | %.2fx | %.1f | %.0f | %.2f | %s | %s | %.3f | %s / %s |"
-            % (
-                name,
-                e["bytes"] / 1e6,
-                results["bytes"] / e["bytes"],
-                e["pack_s"],
-                rate,
-                rate / raw_rate,
-                "%.3f" % pred if pred is not None else "-",
-                "%.0f" % pred_rate if pred_rate else "-",
-                measured_decode,
-                meets_pred,
-                meets_meas,
-            )
-        )
-    auto = next(r for r in rows if r[0] == "auto")
-    fitting = [r for r in rows if r[0] not in ("auto",) and r[4] == "yes"]
-    best = min(fitting, key=lambda r: r[1])
-    print()
-    print(
-        "budget: %.0f files/s (%.3f s of one-thread decode per epoch); raw pack %.0f files/s"
-        % (target, budget_s, raw_rate)
-    )
-    print(
-        "best single codec within the budget (predicted): %s, %.1f MB; auto %.1f MB: %.1f%% smaller"
-        % (best[0], best[1] / 1e6, auto[1] / 1e6, 100 * (1 - auto[1] / best[1]))
-    )
-    results["summary"] = {
-        "best_single": best[0],
-        "best_single_bytes": best[1],
-        "auto_bytes": auto[1],
-        "auto_smaller_pct": 100 * (1 - auto[1] / best[1]),
-        "auto_rate": auto[2],
-    }
 
 
 if __name__ == "__main__":
