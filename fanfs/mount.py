@@ -290,6 +290,11 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     unmount, and reaps the others; they die with it (PR_SET_PDEATHSIG).
     """
     _enable_faulthandler(config)
+    # Until trio's signal receiver runs (and between the handshake and the fork), a SIGTERM
+    # or SIGINT is only remembered: raising KeyboardInterrupt inside trio.run's machinery
+    # could leave a serving process hung instead of stopped.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _remember_signal)
     ops, store = _build_operations(reader, config, pyfuse3, cluster)
     _mount_kernel(pyfuse3, ops, config, cluster)
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
@@ -450,10 +455,23 @@ async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, fi
         nursery.cancel_scope.cancel()
 
 
+_EARLY_SIGNALS: list[int] = []
+
+
+def _remember_signal(signum: int, frame: object) -> None:
+    _EARLY_SIGNALS.append(signum)
+
+
 async def _handle_signals(pyfuse3: Any, cluster: Any) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        if _EARLY_SIGNALS:  # arrived before the receiver was installed
+            log.info("received %s during start-up, unmounting", signal.Signals(_EARLY_SIGNALS[0]).name)
+            if cluster is not None:
+                cluster.shutdown()
+            pyfuse3.terminate()
+            return
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             if cluster is not None:
