@@ -115,3 +115,13 @@ def make_dataset(root: Path, files: int, *, seed: int = 0, per_dir: int = 500) -
         _write(d / ("sample_%06d.bin" % i), data)
         total += n
     return total
+
+
+def label_text(n: int, seed: int) -> bytes:
+    """`n` bytes of compressible label-like text, deterministic for `seed`."""
+    rng = random.Random(seed)
+    words = [b"cat", b"dog", b"bird", b"0.5", b"\n", b"label"]
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + b" "
+    return bytes(out[:n])

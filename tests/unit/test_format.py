@@ -29,7 +29,9 @@ from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, glob_to_regex, run_pack
 from fanfs.verify import verify_pack
-from tests.conftest import open_reader as _open, TEST_CHUNK_SIZE, run_fanfs
+from tests.conftest import TEST_CHUNK_SIZE, run_fanfs
+from tests.conftest import open_reader as _open
+from tests.treegen import label_text as _text
 from tests.treegen import make_dataset
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -130,13 +132,6 @@ def _write_tree(root: Path, files: dict[str, bytes]) -> Path:
     return root
 
 
-def _text(n: int, seed: int) -> bytes:
-    rng = random.Random(seed)
-    words = [b"cat", b"dog", b"bird", b"0.5", b"\n", b"label"]
-    out = bytearray()
-    while len(out) < n:
-        out += rng.choice(words) + b" "
-    return bytes(out[:n])
 
 
 @pytest.fixture(scope="module")

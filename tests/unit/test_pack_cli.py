@@ -29,18 +29,13 @@ from fanfs.compression import parse_codec
 from fanfs.errors import PackInputError
 from fanfs.format.index import ROOT_ID, Index
 from fanfs.pack import PackOptions, _Node, _read_and_compress, _Walker, run_pack
-from tests.conftest import open_reader as _open, FANFS, run_fanfs
+from tests.conftest import FANFS, run_fanfs
+from tests.conftest import open_reader as _open
+from tests.treegen import label_text as _text
 
 RunAs = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
-def _text(n: int, seed: int) -> bytes:
-    rng = random.Random(seed)
-    words = [b"cat", b"dog", b"bird", b"0.5", b"\n", b"label"]
-    out = bytearray()
-    while len(out) < n:
-        out += rng.choice(words) + b" "
-    return bytes(out[:n])
 
 
 def _write_tree(root: Path, files: dict[str, bytes]) -> Path:

@@ -16,18 +16,13 @@ from fanfs._sizes import format_size
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.index import ROOT_ID
 from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
-from tests.conftest import open_reader as _open, run_fanfs
+from tests.conftest import open_reader as _open
+from tests.conftest import run_fanfs
+from tests.treegen import label_text as _text
 
 CHUNK = 64 * 1024
 
 
-def _text(n: int, seed: int) -> bytes:
-    rng = random.Random(seed)
-    words = [b"cat", b"dog", b"bird", b"0.5", b"\n", b"label"]
-    out = bytearray()
-    while len(out) < n:
-        out += rng.choice(words) + b" "
-    return bytes(out[:n])
 
 
 FILES = {
