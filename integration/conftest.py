@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fanfs.mountinfo import find_mount
+from tests.conftest import fuse_unavailable
 
 MPIRUN = "mpirun"
 MPIRUN_BASE = (MPIRUN, "--allow-run-as-root", "--oversubscribe")
@@ -57,10 +58,9 @@ def mpi_unavailable() -> str | None:
     """Why the MPI integration tests cannot run here, or None."""
     if shutil.which(MPIRUN) is None:
         return "mpirun is not on PATH (install openmpi-bin; tools/setup.sh)"
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse missing"
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 missing"
+    reason = fuse_unavailable()
+    if reason is not None:
+        return reason
     try:
         import mpi4py  # noqa: F401  (import only; MPI is initialised by MPI.*, not here)
     except ImportError:

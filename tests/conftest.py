@@ -25,7 +25,6 @@ import pytest
 
 from fanfs.format.reader import PackReader
 from fanfs.mountinfo import find_mount
-
 from tests.treegen import make_edge_tree
 
 FANFS = [sys.executable, "-m", "fanfs"]
@@ -46,7 +45,8 @@ def _mount_entry(path: Path) -> str | None:
     return None if entry is None else entry.fstype
 
 
-def _fuse_usable() -> str | None:
+def fuse_unavailable() -> str | None:
+    """Why real FUSE mounts cannot run here, or None."""
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse missing"
     if shutil.which("fusermount3") is None:
@@ -67,7 +67,7 @@ class Mount:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Mount:
-        reason = _fuse_usable()
+        reason = fuse_unavailable()
         if reason and os.environ.get("CI"):
             pytest.fail("FUSE tests cannot run in CI: %s" % reason)
         if reason:

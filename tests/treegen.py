@@ -125,3 +125,12 @@ def label_text(n: int, seed: int) -> bytes:
     while len(out) < n:
         out += rng.choice(words) + b" "
     return bytes(out[:n])
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    """Create `files` (relative path -> bytes) under `root`; returns `root`."""
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root

@@ -24,10 +24,10 @@ from fanfs.compression import (
 )
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.reader import PackReader
+from fanfs.optimizer import PlanSettings, ReadModel, parse_candidates
 from fanfs.pack import PackOptions, run_pack
 from fanfs.plan import plan_table
 from fanfs.verify import verify_pack
-from fanfs.optimizer import PlanSettings, ReadModel, parse_candidates
 
 
 def _record(rng: random.Random, i: int) -> bytes:

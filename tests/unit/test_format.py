@@ -33,11 +33,10 @@ from tests.conftest import TEST_CHUNK_SIZE, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.treegen import label_text as _text
 from tests.treegen import make_dataset
+from tests.treegen import write_tree as _write_tree
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CHUNK = 4096
-
-
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -122,16 +121,6 @@ def _owner_of_chunks(reader: PackReader) -> dict[int, bytes]:
             for k in range(index.count[entry]):
                 owners[index.first[entry] + k] = index.path(entry)
     return owners
-
-
-def _write_tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
-
-
 
 
 @pytest.fixture(scope="module")

@@ -32,18 +32,9 @@ from fanfs.pack import PackOptions, _Node, _read_and_compress, _Walker, run_pack
 from tests.conftest import FANFS, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.treegen import label_text as _text
+from tests.treegen import write_tree as _write_tree
 
 RunAs = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
-
-
-def _write_tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
 
 
 def _error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -68,8 +59,6 @@ def _resolve(index: Index, rel: str) -> int | None:
         if entry is None:
             return None
     return entry
-
-
 
 
 @pytest.fixture
