@@ -91,7 +91,18 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="FUSE mount options passed through (e.g. allow_other)")
     p.add_argument("--log", default=None, help="log file (default: stderr with -f, else /tmp/fanfs-UID/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="log at DEBUG level")
-    p.add_argument("--cache-size", default="256MiB", help="decoded-chunk cache for large files (default 256MiB)")
+    g = p.add_argument_group("prefetch and caches (docs/architecture.md)")
+    g.add_argument("--prefetch", choices=("on", "off"), default="on",
+                   help="read ahead of sequential readers and walks, follow sampler hints, fill the "
+                        "object cache in the background (default on)")
+    g.add_argument("--prefetch-memory", default="auto", metavar="SIZE",
+                   help="read-ahead buffer per serving process (default: 1/32 of available memory, 64MiB-1GiB)")
+    g.add_argument("--prefetch-into", choices=("kernel", "daemon"), default="kernel",
+                   help="where prefetched data goes: the kernel page cache (default) or the daemon's buffer")
+    g.add_argument("--cache-memory", default="auto", metavar="SIZE",
+                   help="decoded-object cache for the whole mount (default: 1/8 of available memory; 0: off)")
+    g.add_argument("--cache-policy", choices=("minio", "lru"), default="minio",
+                   help="minio: fill once, never evict (hits every epoch); lru: least recently used (default minio)")
     p.add_argument("--preload", choices=("auto", "yes", "no"), default="auto",
                    help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
     p.add_argument("--processes", type=int, default=0, metavar="N",

@@ -58,7 +58,11 @@ class MountConfig:
     options: tuple[str, ...] = ()
     logfile: str | None = None
     debug: bool = False
-    cache_bytes: int = 256 * 1024 * 1024
+    prefetch: bool = True
+    prefetch_memory: int = 0  # 0: prefetch.default_memory
+    prefetch_into: str = "kernel"
+    cache_memory: int = -1  # -1: prefetch.default_cache_memory
+    cache_policy: str = "minio"
     preload: str = "auto"
     noopen: bool = True
     thread_limit: int = 8
@@ -76,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
     if not 0 <= args.processes <= MAX_PROCESSES:
         raise UsageError("--processes must be between 1 and %d (0: automatic)" % MAX_PROCESSES)
     options = tuple(o for group in args.options for o in group.split(",") if o)
+    if args.prefetch_memory != "auto" and parse_size(args.prefetch_memory) < 1 << 20:
+        raise UsageError("--prefetch-memory must be at least 1MiB (to stop prefetching: --prefetch off)")
     return MountConfig(
         pack=os.path.abspath(args.pack),
         mountpoint=os.path.abspath(args.mountpoint),
@@ -83,7 +89,11 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         options=options,
         logfile=args.log,
         debug=args.debug,
-        cache_bytes=parse_size(args.cache_size),
+        prefetch=args.prefetch == "on",
+        prefetch_memory=parse_size(args.prefetch_memory) if args.prefetch_memory != "auto" else 0,
+        prefetch_into=args.prefetch_into,
+        cache_memory=parse_size(args.cache_memory) if args.cache_memory != "auto" else -1,
+        cache_policy=args.cache_policy,
         preload=args.preload,
         noopen=args.noopen,
         processes=args.processes,
@@ -313,19 +323,39 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     return 0
 
 
+def memory_budgets(config: MountConfig) -> tuple[int, int]:
+    """(object cache, prefetch memory) in bytes: the options, or defaults from the node's
+    available memory."""
+    from fanfs.prefetch import default_cache_memory, default_memory
+
+    available = _available_memory() or 4 << 30
+    cache = config.cache_memory if config.cache_memory >= 0 else default_cache_memory(available)
+    return cache, config.prefetch_memory or default_memory(available)
+
+
 def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any) -> tuple[Any, Any]:
+    from fanfs.cache import make_cache
     from fanfs.operations import Operations
+    from fanfs.prefetch import hints_socket_path
     from fanfs.store import ChunkStore
 
     processes = serving_processes(pyfuse3, config)
-    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=reader.index.chunk_count)
-    store = ChunkStore(reader, shared, cache_bytes=config.cache_bytes, thread_limit=config.thread_limit)
+    chunks = reader.index.chunk_count
+    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=chunks)
+    cache_memory, prefetch_memory = memory_budgets(config)
+    objects = make_cache(config.cache_policy, cache_memory, chunks=chunks, processes=processes)
+    store = ChunkStore(reader, shared, buffer_bytes=prefetch_memory, thread_limit=config.thread_limit,
+                       objects=objects)
     if cluster is not None:
         store.remote = cluster.make_remote(shared, store.limiter)
     noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
     totals = reader.manifest.get("totals", {})
     info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
-            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0)}
+            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0),
+            "prefetch": "off" if not config.prefetch else config.prefetch_into,
+            "prefetch_memory": prefetch_memory}
+    if config.prefetch:
+        info["hints"] = hints_socket_path(config.mountpoint, config.cache_dir)
     ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
     return ops, store
 
@@ -347,6 +377,9 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
     log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
              config.mountpoint, info["files"], format_size(info["bytes_in"]), info["processes"],
              "on" if info["noopen"] else "off")
+    objects = ops.store.objects
+    log.info("object cache: %s, %s; prefetch: %s, %s", objects.policy if objects else "off",
+             format_size(objects.budget if objects else 0), info["prefetch"], format_size(info["prefetch_memory"]))
 
 
 def _serve_until_unmounted(
@@ -371,7 +404,7 @@ def _serve_until_unmounted(
         else:
             _nonblocking_session(pyfuse3)
         preload = slot == 0 and _preload_wanted(reader, config)
-        trio.run(_main, pyfuse3, store, config, preload, slot == 0, cluster)
+        trio.run(_main, pyfuse3, ops, config, preload, slot == 0, cluster)
         _check_initialized(pyfuse3, ops, config)
     except FanfsError:
         raise
@@ -440,9 +473,10 @@ def _reap(children: list[int]) -> None:
             time.sleep(0.01)
 
 
-async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, first: bool, cluster: Any) -> None:
+async def _main(pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any) -> None:
     import trio
 
+    store = ops.store
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_handle_signals, pyfuse3, cluster)
         if cluster is not None:
@@ -451,8 +485,32 @@ async def _main(pyfuse3: Any, store: Any, config: MountConfig, preload: bool, fi
             nursery.start_soon(_tune_read_ahead, config.mountpoint)
         if preload:
             nursery.start_soon(_preload, store)
+        if config.prefetch:
+            _start_prefetcher(nursery, pyfuse3, ops, config, first)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+def _start_prefetcher(nursery: Any, pyfuse3: Any, ops: Any, config: MountConfig, first: bool) -> None:
+    """This process's prefetcher; the first process also fills the object cache in the
+    background and serves the hint socket."""
+    from fanfs.hints import serve_hints
+    from fanfs.prefetch import Prefetcher
+
+    prefetcher = Prefetcher(ops.store, memory=ops.info["prefetch_memory"], into=config.prefetch_into,
+                            notify=pyfuse3.notify_store, fill=first)
+    ops.prefetcher = prefetcher
+    nursery.start_soon(prefetcher.run)
+    if first:
+        nursery.start_soon(_serve_hints, serve_hints, prefetcher, ops, config)
+
+
+async def _serve_hints(serve_hints: Any, prefetcher: Any, ops: Any, config: MountConfig) -> None:
+    try:
+        await serve_hints(prefetcher, ops.index, config.mountpoint, ops.info["hints"])
+    except OSError as exc:
+        log.warning("no hint socket at %s (%s); sampler hints are off", ops.info["hints"], exc)
+        ops.info.pop("hints", None)
 
 
 _EARLY_SIGNALS: list[int] = []

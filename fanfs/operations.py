@@ -31,6 +31,7 @@ from fanfs import shared as sh
 from fanfs.errors import FanfsError, KnownCorruptError, MountClosingError
 from fanfs.format.layout import NAME_MAX
 from fanfs.logsetup import LOG_ONCE
+from fanfs.prefetch import Prefetcher
 from fanfs.store import ChunkStore
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ BLOCK_SIZE: Final = 128 * 1024
 XATTR_PREFIX: Final = b"user.fanfs."
 FILE_XATTRS: Final = (b"user.fanfs.codec", b"user.fanfs.stored_size", b"user.fanfs.chunks", b"user.fanfs.partitions")
 ROOT_XATTRS: Final = (b"user.fanfs.stats", b"user.fanfs.pack", b"user.fanfs.pid", b"user.fanfs.version")
+HINTS_XATTR: Final = b"user.fanfs.hints"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -106,6 +108,8 @@ class Operations(pyfuse3.Operations):
         self.noopen = noopen
         self.info = info
         self.extra_stats = extra_stats
+        # Set by mount.py in each serving process when prefetching is on.
+        self.prefetcher: Prefetcher | None = None
         self.uid = os.getuid()
         self.gid = os.getgid()
         nlink = self.index.subdir_counts().astype(np.uint32) + 2
@@ -256,6 +260,8 @@ class Operations(pyfuse3.Operations):
         cs = self.chunk_size
         first = off // cs
         last = (end - 1) // cs
+        if self.prefetcher is not None:
+            self.prefetcher.observe(entry, first, last)
         if first == last:
             base = first * cs
             whole = off == base and end == min(base + cs, fsize)
@@ -302,6 +308,8 @@ class Operations(pyfuse3.Operations):
             names += FILE_XATTRS
         if entry == 0:
             names += ROOT_XATTRS
+            if self.info.get("hints"):
+                names += (HINTS_XATTR,)
         return names
 
     @_boundary
@@ -339,6 +347,8 @@ class Operations(pyfuse3.Operations):
             from fanfs import __version__
 
             return __version__
+        if key == b"hints":
+            return str(self.info["hints"])
         return str(self.info.get("pack", ""))
 
     # Every write intent is refused; the `ro` mount option makes the kernel refuse most of

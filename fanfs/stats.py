@@ -18,13 +18,29 @@ from fanfs.errors import UsageError
 ROWS: Final = (
     ("reads", "READ requests", "n"),
     ("read_bytes", "bytes read", "b"),
-    ("read_ns", "time serving READs", "ns"),
+    ("read_ns", "readers' wait inside READ (fetch stall)", "ns"),
     ("lookups", "LOOKUP requests", "n"),
     ("chunk_reads", "chunk reads", "n"),
-    ("cache_hits", "decoded-chunk cache hits", "n"),
+    ("object_hits", "object cache hits", "n"),
+    ("buffer_hits", "read-ahead buffer hits", "n"),
+    ("object_inserts", "objects cached", "n"),
     ("inline_decodes", "decodes on the request thread", "n"),
     ("thread_decodes", "decodes in worker threads", "n"),
     ("bytes_decoded", "bytes decoded", "b"),
+    ("decode_ns", "decode time", "ns"),
+    ("prefetch_issued", "prefetch: chunks issued", "n"),
+    ("prefetch_pushed", "prefetch: pushed to page cache", "n"),
+    ("prefetch_cached", "prefetch: into object cache", "n"),
+    ("prefetch_buffered", "prefetch: into buffer", "n"),
+    ("prefetch_used", "prefetch: used from buffer", "n"),
+    ("prefetch_joined", "prefetch: joined by a reader", "n"),
+    ("prefetch_wasted", "prefetch: wasted", "n"),
+    ("prefetch_failed", "prefetch: failed", "n"),
+    ("prefetch_dropped", "prefetch: dropped (no room)", "n"),
+    ("fill_chunks", "background fill: chunks", "n"),
+    ("fill_bytes", "background fill: bytes", "b"),
+    ("hint_lists", "hint lists received", "n"),
+    ("hint_entries", "hinted files", "n"),
     ("remote_fetches", "remote fetches", "n"),
     ("remote_bytes", "remote bytes", "b"),
     ("remote_timeouts", "remote timeouts", "n"),
@@ -59,18 +75,26 @@ def format_table(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
     if "rank" in stats:
         lines.append("cluster rank %d of %d, local partitions %s, peers down %s" % (
             stats["rank"], stats["ranks"], stats.get("local_partitions"), stats.get("peers_down") or "none"))
-    header = "%-32s %16s" % ("counter", "total") + ("  %14s" % "per second" if previous else "")
+    if "cache_policy" in stats:
+        lines.append("object cache %s: %s of %s, %d objects; prefetch %s, buffer %s of %s" % (
+            stats["cache_policy"], format_size(stats.get("cache_bytes", 0)), format_size(stats.get("cache_budget", 0)),
+            stats.get("cache_objects", 0), stats.get("prefetch", "?"), format_size(stats.get("buffer_bytes", 0)),
+            format_size(stats.get("buffer_budget", 0))))
+    header = "%-40s %16s" % ("counter", "total") + ("  %14s" % "per second" if previous else "")
     lines.append(header)
     for key, label, kind in ROWS:
         if key not in stats:
             continue
-        row = "%-32s %16s" % (label, _value(kind, stats[key]))
+        row = "%-40s %16s" % (label, _value(kind, stats[key]))
         if previous is not None and interval > 0:
             rate = (stats[key] - previous.get(key, 0)) / interval
             row += "  %14s" % (_value(kind, rate) if kind != "ns" else "%.1f%%" % (rate / 1e7))
         lines.append(row)
     if stats.get("reads"):
-        lines.append("%-32s %16.1f" % ("mean READ service time (us)", stats["read_ns"] / stats["reads"] / 1e3))
+        lines.append("%-40s %16.1f" % ("mean READ service time (us)", stats["read_ns"] / stats["reads"] / 1e3))
+    if stats.get("chunk_reads"):
+        hits = stats.get("object_hits", 0) + stats.get("buffer_hits", 0)
+        lines.append("%-40s %15.1f%%" % ("chunk reads served from memory", 100.0 * hits / stats["chunk_reads"]))
     return "\n".join(lines)
 
 

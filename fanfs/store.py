@@ -4,9 +4,18 @@ Owns the decision of where a chunk is decoded: inline on the trio thread when it
 resident in memory and the chunk is small (a thread hand-off costs more than the decode,
 DESIGN.md section 4), otherwise in a worker thread under a `CapacityLimiter` (cold disk,
 large chunks). Verifies every stored chunk's crc32 before decoding; a chunk that fails once
-is remembered as broken and fails again at once without new I/O. Keeps a small byte-budgeted
-LRU of decoded chunks for reads that cover only part of a chunk (the kernel asks for a large
-file 128 KiB to 1 MiB at a time).
+is remembered as broken and fails again at once without new I/O.
+
+Where decoded chunks are kept (cache.py has the policies):
+- the mount's object cache (MinIO by default, shared by the serving processes): every decoded
+  chunk while it has room;
+- this process's read-ahead buffer, an LRU of `buffer_bytes`: chunks read only in part (the
+  kernel asks for a large file 128 KiB to 1 MiB at a time) and chunks the prefetcher decoded
+  that neither the object cache nor the kernel's page cache took.
+
+The prefetcher (prefetch.py) loads through `prefetch()`, which shares the single-flight map
+with demand reads but never reports its failures to them: a reader that waited for a failed
+prefetch loads the chunk itself and gets its own error.
 
 Never raises FUSEError and never logs failures: it raises `CorruptDataError` with the file
 named, and operations.py translates and logs once. Sync methods are O(1); `chunk()` is async
@@ -19,13 +28,15 @@ import collections
 import logging
 import mmap
 import threading
+import time
 import zlib
 from typing import Final, Protocol
 
 import trio
 
 from fanfs import shared as sh
-from fanfs.compression import decompress
+from fanfs.cache import LruCache, ObjectCache
+from fanfs.compression import CODEC_NONE, decompress
 from fanfs.errors import ChecksumError, CorruptDataError, FanfsError, KnownCorruptError
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
@@ -38,6 +49,9 @@ INLINE_MAX_BYTES: Final = 256 * 1024
 # Pages per madvise/touch step while preloading partitions.
 PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
 MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
+# Chunks pushed into the kernel's page cache that are remembered (to count a later READ of one
+# as a wasted prefetch).
+PUSHED_MEMORY: Final = 65536
 
 
 class ChunkSource(Protocol):
@@ -49,14 +63,16 @@ class ChunkSource(Protocol):
 
 
 class _Flight:
-    """One chunk being decoded in a worker thread, and its outcome."""
+    """One chunk being loaded and decoded (for a reader or the prefetcher), and its outcome."""
 
-    __slots__ = ("data", "done", "error")
+    __slots__ = ("claimed", "data", "done", "error", "prefetch")
 
-    def __init__(self) -> None:
+    def __init__(self, prefetch: bool) -> None:
         self.done = trio.Event()
         self.data: bytes | memoryview | None = None
         self.error: FanfsError | None = None
+        self.prefetch = prefetch
+        self.claimed = False  # a reader took a prefetch's data while it was in flight
 
 
 class ChunkStore:
@@ -71,12 +87,14 @@ class ChunkStore:
         reader: PackReader,
         shared: SharedState,
         *,
-        cache_bytes: int,
+        buffer_bytes: int,
         thread_limit: int,
+        objects: ObjectCache | None = None,
         remote: ChunkSource | None = None,
     ) -> None:
         self.reader = reader
         self.remote = remote
+        self.objects = objects
         self.limiter = trio.CapacityLimiter(thread_limit)
         self.index = reader.index
         self.chunk_size = reader.chunk_size
@@ -88,25 +106,51 @@ class ChunkStore:
             if part["size"] == 0:
                 self._resident[number] = 1
         self._broken: dict[int, CorruptDataError] = {}
-        self._cache: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
-        self._cache_budget = cache_bytes
-        self._cache_bytes = 0
+        self.buffer = LruCache(buffer_bytes)
+        # Chunks in the buffer that the prefetcher put there and no reader has read yet.
+        self._prefetched: dict[int, int] = {}
+        self.prefetched_bytes = 0
+        self._pushed: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # Prefetched chunks on their way into the page cache (readers take them from here;
+        # None once one has).
+        self._holding: dict[int, bytes | memoryview | None] = {}
         self._inflight: dict[int, _Flight] = {}
 
-    def statistics(self) -> dict[str, int]:
-        """This process's cache state and the mount-wide partition residency."""
-        return {
-            "cache_bytes": self._cache_bytes,
-            "cache_entries": len(self._cache),
+    def statistics(self) -> dict[str, int | str]:
+        """The object cache, this process's buffer, and the mount-wide partition residency."""
+        stats: dict[str, int | str] = {
+            "buffer_bytes": self.buffer.statistics()["cache_bytes"],
+            "buffer_budget": self.buffer.budget,
             "resident_partitions": sum(self._resident),
             "partitions": len(self._resident),
         }
+        if self.objects is not None:
+            stats.update(self.objects.statistics())
+        return stats
+
+    def usize(self, entry: int, chunk_no: int) -> int:
+        return min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
+
+    def is_mapped(self, cid: int) -> bool:
+        """A raw chunk of a partition resident in memory: served from the mapping with no
+        decode, so the daemon has nothing to gain from reading it ahead."""
+        return self.index.chunk_codec[cid] == CODEC_NONE and bool(self._resident[self.index.chunk_partition[cid]])
+
+    def is_cached(self, cid: int) -> bool:
+        return self.objects is not None and self.objects.contains(cid)
+
+    def is_pending(self, cid: int) -> bool:
+        """Buffered, being loaded or pushed, or known broken: nothing for a prefetch to do."""
+        return self.buffer.contains(cid) or cid in self._inflight or cid in self._holding or cid in self._broken
+
+    def was_pushed(self, cid: int) -> bool:
+        return cid in self._pushed
 
     async def chunk(self, entry: int, chunk_no: int, *, whole: bool) -> bytes | memoryview:
         """Decoded bytes of chunk `chunk_no` of file `entry`.
 
         Args:
-            whole: the caller needs the whole chunk now, so caching it would not help.
+            whole: the caller needs the whole chunk now, so buffering it would not help.
 
         Raises:
             CorruptDataError: checksum mismatch, undecodable data or an I/O error (also on
@@ -115,65 +159,173 @@ class ChunkStore:
         cid = self.index.first[entry] + chunk_no
         counters = self.shared.counters
         counters[sh.CHUNK_READS] += 1
-        data = self._cache.get(cid)
+        if self.objects is not None:
+            data = self.objects.get(cid)
+            if data is not None:
+                counters[sh.OBJECT_HITS] += 1
+                return data
+        data = self.buffer.get(cid)
         if data is not None:
-            self._cache.move_to_end(cid)
-            counters[sh.CACHE_HITS] += 1
+            counters[sh.BUFFER_HITS] += 1
+            if self._prefetched.pop(cid, None) is not None:
+                self.prefetched_bytes -= len(data)
+                counters[sh.PREFETCH_USED] += 1
             return data
+        if cid in self._holding:
+            data = self._holding[cid]
+            if data is not None:
+                self._holding[cid] = None
+                counters[sh.PREFETCH_JOINED] += 1
+                return data
+        if self._pushed and self._pushed.pop(cid, 0) is None:
+            # The prefetcher put this chunk in the page cache, and the kernel asks anyway:
+            # evicted before use, or pushed too late.
+            counters[sh.PREFETCH_WASTED] += 1
         self._check_broken(entry, cid)
-        usize = min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
+        usize = self.usize(entry, chunk_no)
         if self._resident[self.index.chunk_partition[cid]] and usize <= INLINE_MAX_BYTES:
             counters[sh.INLINE_DECODES] += 1
+            start = time.perf_counter_ns()
             try:
                 data = self._decode(cid, self.reader.stored_view(cid), usize)
             except CorruptDataError as exc:
                 raise self._broken_error(entry, cid, exc) from exc
+            counters[sh.DECODE_NS] += time.perf_counter_ns() - start
             counters[sh.BYTES_DECODED] += usize
         else:
             data = await self._single_flight(entry, cid, usize)
-        # Raw chunks of resident partitions are views of the mapping: nothing to cache.
-        if not whole and not isinstance(data, memoryview):
-            self._insert(cid, data)
+        self._keep(cid, data, whole=whole)
         return data
 
-    async def _single_flight(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
-        # Concurrent readers of one chunk (N loader workers, kernel read-ahead) wait for the
-        # first one's fetch and decode instead of repeating it.
-        flight = self._inflight.get(cid)
-        if flight is not None:
-            await flight.done.wait()
+    def _keep(self, cid: int, data: bytes | memoryview, *, whole: bool) -> None:
+        # Raw chunks of resident partitions are views of the mapping: nothing to keep.
+        if isinstance(data, memoryview):
+            return
+        if self.objects is not None and self.objects.put(cid, data):
+            self.shared.counters[sh.OBJECT_INSERTS] += 1
+        elif not whole:
+            self._buffer_put(cid, data)
+
+    def _buffer_put(self, cid: int, data: bytes | memoryview) -> bool:
+        evictions = self.buffer.evictions
+        stored = self.buffer.put(cid, data)
+        if self.buffer.evictions != evictions and self._prefetched:
+            # Prefetched chunks the LRU dropped unread were wasted work.
+            for old in [c for c in self._prefetched if not self.buffer.contains(c)]:
+                self.prefetched_bytes -= self._prefetched.pop(old)
+                self.shared.counters[sh.PREFETCH_WASTED] += 1
+        return stored
+
+    def hold(self, cid: int, data: bytes | memoryview) -> None:
+        """Make a prefetched chunk readable while it is being pushed to the kernel."""
+        self._holding[cid] = data
+
+    def keep_prefetched(self, cid: int, data: bytes | memoryview, *, pushed: bool) -> None:
+        """Keep a chunk the prefetcher decoded. `pushed`: the kernel's page cache took it."""
+        counters = self.shared.counters
+        if cid in self._holding and self._holding.pop(cid) is None:
+            # A reader took it while it was being pushed (counted as joined).
+            if self.objects is None or isinstance(data, memoryview) or not self.objects.put(cid, data):
+                return
+            counters[sh.OBJECT_INSERTS] += 1
+            return
+        objects = self.objects
+        mapped = isinstance(data, memoryview)  # a view of the object cache or of the pack
+        cached = not mapped and objects is not None and objects.put(cid, data)
+        if cached:
+            counters[sh.OBJECT_INSERTS] += 1
+        if pushed:
+            counters[sh.PREFETCH_PUSHED] += 1
+            self._pushed[cid] = None
+            if len(self._pushed) > PUSHED_MEMORY:
+                self._pushed.popitem(last=False)
+        elif cached or (mapped and self.is_cached(cid)):
+            counters[sh.PREFETCH_CACHED] += 1
+        elif not mapped and self._buffer_put(cid, data):
+            counters[sh.PREFETCH_BUFFERED] += 1
+            self._prefetched[cid] = len(data)
+            self.prefetched_bytes += len(data)
         else:
-            flight = self._inflight[cid] = _Flight()
-            try:
-                flight.data = await self._load(cid, usize)
-                self.shared.counters[sh.BYTES_DECODED] += usize
-            except CorruptDataError as exc:
-                flight.error = self._broken_error(entry, cid, exc)
-            except FanfsError as exc:  # transient (remote): not remembered
-                flight.error = type(exc)("%s: %s" % (self._where(entry, cid), exc))
-            finally:
-                del self._inflight[cid]
-                flight.done.set()
-        if flight.error is not None:
-            raise flight.error
-        if flight.data is None:  # the first reader was cancelled (interrupted): try again
-            return await self._single_flight(entry, cid, usize)
+            counters[sh.PREFETCH_DROPPED] += 1
+
+    async def prefetch(self, entry: int, chunk_no: int, limiter: trio.CapacityLimiter) -> bytes | memoryview | None:
+        """Load and decode a chunk ahead of its readers, in `limiter`'s threads (or from a
+        peer). Returns None if it is already present or the load failed (counted in
+        prefetch_failed, logged at DEBUG only: the reader that needs the chunk loads it again
+        and reports its own error)."""
+        cid = self.index.first[entry] + chunk_no
+        if self.is_pending(cid) or self.shared.is_broken(cid):
+            return None
+        self.shared.counters[sh.PREFETCH_ISSUED] += 1
+        if self.objects is not None:
+            cached = self.objects.get(cid)
+            if cached is not None:  # decoded already: only the kernel push is left to do
+                return cached
+        flight = self._inflight[cid] = _Flight(prefetch=True)
+        try:
+            flight.data = await self._load(cid, self.usize(entry, chunk_no), limiter)
+            self.shared.counters[sh.BYTES_DECODED] += self.usize(entry, chunk_no)
+        except FanfsError as exc:
+            flight.error = exc
+            self.shared.counters[sh.PREFETCH_FAILED] += 1
+            log.debug("prefetch of %s failed: %s", self._where(entry, cid), exc)
+        finally:
+            del self._inflight[cid]
+            flight.done.set()
+        if flight.claimed:  # a reader waited for it and keeps it
+            if flight.data is not None:
+                self.shared.counters[sh.PREFETCH_JOINED] += 1
+            return None
         return flight.data
 
-    async def _load(self, cid: int, usize: int) -> bytes | memoryview:
+    async def _single_flight(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
+        # Concurrent readers of one chunk (N loader workers, kernel read-ahead, the
+        # prefetcher) wait for the first one's fetch and decode instead of repeating it.
+        while True:
+            flight = self._inflight.get(cid)
+            if flight is not None:
+                flight.claimed = True
+                await flight.done.wait()
+            else:
+                flight = self._inflight[cid] = _Flight(prefetch=False)
+                try:
+                    flight.data = await self._load(cid, usize, self._limiter)
+                    self.shared.counters[sh.BYTES_DECODED] += usize
+                except CorruptDataError as exc:
+                    flight.error = self._broken_error(entry, cid, exc)
+                except FanfsError as exc:  # transient (remote): not remembered
+                    flight.error = type(exc)("%s: %s" % (self._where(entry, cid), exc))
+                finally:
+                    del self._inflight[cid]
+                    flight.done.set()
+            if flight.data is not None:
+                return flight.data
+            if flight.error is not None and not flight.prefetch:
+                raise flight.error
+            # A failed prefetch, or a reader that was cancelled (interrupted): load it here.
+
+    async def _load(self, cid: int, usize: int, limiter: trio.CapacityLimiter) -> bytes | memoryview:
         index = self.index
         partition = index.chunk_partition[cid]
+        counters = self.shared.counters
         if self._local[partition]:
-            self.shared.counters[sh.THREAD_DECODES] += 1
-            return await trio.to_thread.run_sync(self._load_and_decode, cid, usize, limiter=self._limiter)
+            counters[sh.THREAD_DECODES] += 1
+            data, ns = await trio.to_thread.run_sync(self.load_and_decode, cid, usize, limiter=limiter)
+            counters[sh.DECODE_NS] += ns
+            return data
         if self.remote is None:
             raise CorruptDataError("partition %d is not on this node" % partition)
         stored = await self.remote.fetch(partition, index.chunk_offset[cid], index.chunk_csize[cid])
         if usize <= INLINE_MAX_BYTES:
-            self.shared.counters[sh.INLINE_DECODES] += 1
-            return self._decode(cid, stored, usize)
-        self.shared.counters[sh.THREAD_DECODES] += 1
-        return await trio.to_thread.run_sync(self._decode, cid, stored, usize, limiter=self._limiter)
+            counters[sh.INLINE_DECODES] += 1
+            start = time.perf_counter_ns()
+            data = self._decode(cid, stored, usize)
+            counters[sh.DECODE_NS] += time.perf_counter_ns() - start
+            return data
+        counters[sh.THREAD_DECODES] += 1
+        data, ns = await trio.to_thread.run_sync(self._timed_decode, cid, stored, usize, limiter=limiter)
+        counters[sh.DECODE_NS] += ns
+        return data
 
     def _check_broken(self, entry: int, cid: int) -> None:
         broken = self._broken.get(cid)
@@ -195,8 +347,9 @@ class ChunkStore:
         self._broken[cid] = error
         return error
 
-    def _load_and_decode(self, cid: int, usize: int) -> bytes | memoryview:
-        """Worker thread: fetch (mapping or pread) and decode one chunk. Touches no state."""
+    def load_and_decode(self, cid: int, usize: int) -> tuple[bytes | memoryview, int]:
+        """Worker thread: fetch (mapping or pread) and decode one chunk; returns the data and
+        the decode time in ns. Touches no state."""
         if self._resident[self.index.chunk_partition[cid]]:
             stored: bytes | memoryview = self.reader.stored_view(cid)
         else:
@@ -204,7 +357,12 @@ class ChunkStore:
                 stored = self.reader.read_stored(cid)
             except OSError as exc:
                 raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
-        return self._decode(cid, stored, usize)
+        return self._timed_decode(cid, stored, usize)
+
+    def _timed_decode(self, cid: int, stored: bytes | memoryview, usize: int) -> tuple[bytes | memoryview, int]:
+        start = time.perf_counter_ns()
+        data = self._decode(cid, stored, usize)
+        return data, time.perf_counter_ns() - start
 
     def _decode(self, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
         """Verify and decode stored bytes. Pure: safe in any thread."""
@@ -222,15 +380,6 @@ class ChunkStore:
             index.chunk_partition[cid],
             index.chunk_offset[cid],
         )
-
-    def _insert(self, cid: int, data: bytes | memoryview) -> None:
-        if cid in self._cache or len(data) > self._cache_budget:
-            return
-        self._cache[cid] = data
-        self._cache_bytes += len(data)
-        while self._cache_bytes > self._cache_budget:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old)
 
     def preload(self, stop: threading.Event) -> int:
         """Fault every partition into memory, marking each resident when done. Blocking:

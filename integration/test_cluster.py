@@ -45,6 +45,9 @@ pytestmark = [
 
 CHUNK_SIZE = 64 * 1024
 PARTITIONS = 12
+# Fault-injection tests re-read files to reach a peer again: no object cache or read-ahead
+# buffer may answer them (test_every_rank_serves... runs with both on).
+NO_CACHE = ("--cache-memory", "0", "--prefetch", "off")
 REMOTE_TIMEOUT_S = 1.0
 # A read may wait out one remote timeout, then finish from a replica or the pack.
 READ_SLACK_S = 1.5
@@ -442,7 +445,7 @@ def test_sigterm_to_mpirun_while_ranks_read_remotely_unmounts_every_rank(
 def test_frozen_rank_never_makes_a_reader_wait_longer_than_the_timeout(
     mpi_jobs: StartJob, tree: Tree
 ) -> None:
-    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S))
+    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE)
     local = locals_of(job, [job.stats(r) for r in range(3)])
     reader, frozen = 0, 2
     job.freeze(frozen)
@@ -531,7 +534,7 @@ def test_a_burst_of_timeouts_is_one_failure_for_the_backoff(mpi_jobs: StartJob, 
     """Concurrent readers that all time out on the same frozen peer are one outage: the peer
     is retried BACKOFF_MIN_S after it was marked down, not after a backoff doubled once per
     request that happened to be in flight (that would reach BACKOFF_MAX_S after 6 readers)."""
-    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S))
+    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE)
     local = locals_of(job, [job.stats(r) for r in range(3)])
     reader, frozen, burst = 0, 2, 8
     theirs = only_on(tree, local, frozen, reader)
@@ -559,7 +562,7 @@ def test_with_replicas_killing_a_rank_mid_read_keeps_reads_correct(
     mpi_jobs: StartJob, tree: Tree
 ) -> None:
     job = mpi_jobs(
-        tree.pack, 3, "--replicas", "2", "--remote-timeout", str(REMOTE_TIMEOUT_S), recovery=True
+        tree.pack, 3, "--replicas", "2", "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE, recovery=True
     )
     local = locals_of(job, [job.stats(r) for r in range(3)])
     for n in tree.regular:
@@ -602,7 +605,7 @@ def test_with_replicas_killing_a_rank_mid_read_keeps_reads_correct(
 def test_without_replicas_the_pack_serves_a_killed_ranks_files(
     mpi_jobs: StartJob, tree: Tree
 ) -> None:
-    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), recovery=True)
+    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE, recovery=True)
     local = locals_of(job, [job.stats(r) for r in range(3)])
     victim = 2
     job.kill_rank(victim)

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fanfs"
 ALLOWED = {
     "pyfuse3": {"operations", "mount"},
     "mpi4py": {"transport"},
-    "trio": {"store", "operations", "mount", "remote", "node"},
+    "trio": {"store", "prefetch", "hints", "operations", "mount", "remote", "node"},
     "zstandard": {"compression"},
     "lz4": {"compression"},
     "brotli": {"compression"},

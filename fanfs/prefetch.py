@@ -1,0 +1,374 @@
+"""`Prefetcher`: reads ahead of unmodified readers, in hint order when told, and fills the
+object cache in the background.
+
+What it learns from the READs a serving process sees (DESIGN.md section 6):
+
+- **Sequential reads inside a file** (a large array, a TFRecord or HDF5 shard): a stream per
+  file; once CONFIRM reads in a row continue where the last one ended, the next chunks are
+  decoded ahead, in a window that doubles up to a quarter of the prefetch memory.
+- **Walks over files** (sorted traversal of a directory, shards one after another): entries
+  are numbered breadth-first with sorted names, so the files of a directory, and the
+  directories of one level, are consecutive ids. A small table of walk streams recognises a
+  reader whose next file follows its last one (with a little slack: several serving
+  processes each see part of the walk) and reads the next files ahead.
+- **Random reads** start streams that never confirm: nothing is read ahead for them.
+- **Hints** (clairvoyant mode, fanfs.hints / fanfs.torch): the upcoming order of files; the
+  prefetcher keeps a window of them decoded ahead of the position the client reports (or
+  that reads reveal).
+- **Background fill**: while the shared MinIO object cache has room, one thread decodes the
+  node's chunks in storage order into it (bulk sequential reads of the pack), starting at the
+  first READ. A random epoch then hits the cache for every object it holds, from the first
+  epoch on.
+
+Where prefetched data goes (`into`): "kernel" pushes it into the kernel's page cache with
+notify_store, where the reader finds it without a FUSE round trip (and every serving process
+shares it); "daemon" keeps it in the serving process's read-ahead buffer. A chunk the kernel
+refuses (it does not know the inode yet) goes to the buffer. docs/benchmarks.md has the
+measurement behind the default.
+
+Failures never reach readers: `ChunkStore.prefetch` swallows and counts them; the reader that
+needs the chunk loads it again and gets its own error. Trio thread only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import stat
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+import trio
+
+from fanfs import shared as sh
+from fanfs.cache import MinioCache
+from fanfs.store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+# Consecutive continuing reads before a stream reads ahead: a random reader continues by
+# chance with probability ~SLACK/N per read, so two in a row practically never happen.
+CONFIRM: Final = 2
+# How far past a stream's frontier a read still continues it: with two serving processes each
+# sees every other read or so of a sequential reader.
+SLACK: Final = 4
+WALK_STREAMS: Final = 8
+FILE_STREAMS: Final = 32
+# Largest read-ahead window of one stream (a quarter of the prefetch memory if smaller): far
+# enough ahead to hide a decode or a peer's round trip, short enough to waste little at the
+# end of a walk.
+MAX_WINDOW_BYTES: Final = 32 * 1024 * 1024
+# Background fill: stored bytes decoded per thread call.
+FILL_BATCH_BYTES: Final = 4 * 1024 * 1024
+
+
+class _Ahead:
+    """A read-ahead window: what was issued past the reader, in order, and its size."""
+
+    __slots__ = ("ahead", "frontier", "hits", "last", "pending", "window")
+
+    def __init__(self, position: int, window: int) -> None:
+        self.last = position  # the reader's furthest position
+        self.frontier = position  # the furthest position issued (or read)
+        self.hits = 0
+        self.window = window  # bytes to keep ahead of the reader once confirmed
+        self.pending: collections.deque[tuple[int, int]] = collections.deque()
+        self.ahead = 0  # bytes issued past `last`
+
+    def continues(self, position: int) -> bool:
+        return self.last < position <= self.frontier + SLACK
+
+    def advance(self, position: int) -> None:
+        self.last = max(self.last, position)
+        self.frontier = max(self.frontier, position)
+        pending = self.pending
+        while pending and pending[0][0] <= self.last:
+            self.ahead -= pending.popleft()[1]
+
+    def issued(self, position: int, nbytes: int) -> None:
+        self.pending.append((position, nbytes))
+        self.ahead += nbytes
+        self.frontier = position
+
+
+class Prefetcher:
+    """Read-ahead for one serving process. `observe()` is called for every READ (cheap,
+    sync); `run()` is the nursery task that does the work."""
+
+    def __init__(
+        self,
+        store: ChunkStore,
+        *,
+        memory: int,
+        into: str,
+        notify: Callable[[int, int, Any], None] | None,
+        workers: int = 2,
+        fill: bool = False,
+    ) -> None:
+        self.store = store
+        self.index = store.index
+        self.chunk_size = store.chunk_size
+        self.counters = store.shared.counters
+        self.memory = memory
+        self.into = into
+        self.notify = notify if into == "kernel" else None
+        self.workers = workers
+        self.max_window = max(min(memory // 4, MAX_WINDOW_BYTES), self.chunk_size)
+        self.first_window = min(2 * self.chunk_size, self.max_window)
+        self._limiter = trio.CapacityLimiter(workers)
+        self._jobs: collections.deque[tuple[int, int]] = collections.deque()
+        self._queued: set[int] = set()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._files: collections.OrderedDict[int, _Ahead] = collections.OrderedDict()
+        self._walks: list[_Ahead] = []
+        self._hints: list[int] = []
+        self._hint_pos: dict[int, int] = {}
+        self._hint_ahead: _Ahead | None = None
+        self._fill = fill and isinstance(store.objects, MinioCache)
+        self._started = trio.Event()
+
+    # -- what readers reveal ---------------------------------------------------------------
+
+    def observe(self, entry: int, first: int, last: int) -> None:
+        """A READ of chunks first..last of `entry` arrived."""
+        if not self._started.is_set():
+            self._started.set()
+        if self.index.count[entry] > 1:
+            self._in_file(entry, first, last)
+        if first == 0:
+            self._walk(entry)
+        if self._hint_pos:
+            position = self._hint_pos.get(entry)
+            if position is not None:
+                self.hint_progress(position)
+
+    def _in_file(self, entry: int, first: int, last: int) -> None:
+        stream = self._files.get(entry)
+        if stream is None or not stream.continues(first):
+            stream = self._files[entry] = _Ahead(last, self.first_window)
+            if len(self._files) > FILE_STREAMS:
+                self._files.popitem(last=False)
+            return
+        self._files.move_to_end(entry)
+        stream.advance(last)
+        stream.hits += 1
+        if stream.hits < CONFIRM:
+            return
+        count = self.index.count[entry]
+        while stream.ahead < stream.window and stream.frontier + 1 < count:
+            chunk_no = stream.frontier + 1
+            stream.issued(chunk_no, self._enqueue(entry, chunk_no))
+        stream.window = min(stream.window * 2, self.max_window)
+
+    def _walk(self, entry: int) -> None:
+        walks = self._walks
+        for number, stream in enumerate(walks):
+            if stream.continues(entry):
+                break
+        else:
+            walks.insert(0, _Ahead(entry, self.first_window))
+            del walks[WALK_STREAMS:]
+            return
+        if number:
+            walks.insert(0, walks.pop(number))
+        stream.advance(entry)
+        stream.hits += 1
+        if stream.hits < CONFIRM:
+            return
+        index = self.index
+        candidate = stream.frontier + 1
+        # Files only; a bounded scan past directories and empty files.
+        limit = min(index.entry_count, candidate + 4096)
+        while stream.ahead < stream.window and candidate < limit:
+            if stat.S_ISREG(index.mode[candidate]) and index.size[candidate]:
+                stream.issued(candidate, self._enqueue_file(candidate, stream.window))
+            else:
+                stream.frontier = candidate
+            candidate += 1
+        stream.window = min(stream.window * 2, self.max_window)
+
+    # -- hints -----------------------------------------------------------------------------
+
+    def set_hints(self, entries: list[int]) -> None:
+        """A new upcoming order (replaces the previous one; -1 for unknown paths);
+        prefetching starts at once."""
+        self._hints = entries
+        self._hint_pos = {}
+        for position, entry in enumerate(entries):
+            self._hint_pos.setdefault(entry, position)
+        self._hint_ahead = _Ahead(-1, self.max_window * 2)
+        self.counters[sh.HINT_LISTS] += 1
+        self.counters[sh.HINT_ENTRIES] += len(entries)
+        self._hint_fill()
+
+    def hint_progress(self, position: int) -> None:
+        """The client consumed the hinted order up to `position`."""
+        ahead = self._hint_ahead
+        if ahead is None or position <= ahead.last:
+            return
+        ahead.advance(position)
+        self._hint_fill()
+
+    def _hint_fill(self) -> None:
+        ahead = self._hint_ahead
+        if ahead is None:
+            return
+        hints = self._hints
+        while ahead.ahead < ahead.window and ahead.frontier + 1 < len(hints):
+            position = ahead.frontier + 1
+            entry = hints[position]  # -1: a path the mount does not have
+            ahead.issued(position, self._enqueue_file(entry, ahead.window) if entry >= 0 else 0)
+
+    # -- the queue -------------------------------------------------------------------------
+
+    def _enqueue_file(self, entry: int, budget: int) -> int:
+        """Queue the chunks of `entry` (up to `budget` bytes); returns the bytes queued."""
+        total = 0
+        for chunk_no in range(self.index.count[entry]):
+            total += self._enqueue(entry, chunk_no)
+            if total >= budget:
+                break
+        return total
+
+    def _enqueue(self, entry: int, chunk_no: int) -> int:
+        usize = self.store.usize(entry, chunk_no)
+        cid = self.index.first[entry] + chunk_no
+        store = self.store
+        if cid in self._queued or store.is_pending(cid):
+            return usize
+        if self.notify is None:
+            if store.is_cached(cid) or store.is_mapped(cid):
+                return usize  # a demand read would cost no more than this prefetch
+        elif store.was_pushed(cid):
+            return usize
+        self._queued.add(cid)
+        self._jobs.append((entry, chunk_no))
+        self._lot.unpark()
+        return usize
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.workers):
+                nursery.start_soon(self._worker)
+            if self._fill:
+                nursery.start_soon(self._fill_cache)
+
+    async def _worker(self) -> None:
+        store = self.store
+        while True:
+            while not self._jobs:
+                await self._lot.park()
+            entry, chunk_no = self._jobs.popleft()
+            cid = self.index.first[entry] + chunk_no
+            self._queued.discard(cid)
+            if store.prefetched_bytes + self.chunk_size > self.memory and self.notify is None:
+                # The buffer is full of chunks nobody has read yet: reading further ahead
+                # would only evict them.
+                self.counters[sh.PREFETCH_ISSUED] += 1
+                self.counters[sh.PREFETCH_DROPPED] += 1
+                continue
+            data = await store.prefetch(entry, chunk_no, self._limiter)
+            if data is None:
+                continue
+            pushed = False
+            if self.notify is not None:
+                store.hold(cid, data)
+                # In a thread: the kernel locks the page cache pages it stores into, and a
+                # READ of those pages holds them locked until this process answers it.
+                try:
+                    await trio.to_thread.run_sync(self.notify, entry + 1, chunk_no * self.chunk_size, data)
+                    pushed = True
+                except OSError as exc:  # ENOENT: the kernel has no inode for it yet
+                    log.debug("cannot push %s into the page cache: %s", self.index.path(entry), exc)
+            store.keep_prefetched(cid, data, pushed=pushed)
+
+    # -- background fill of the MinIO cache ------------------------------------------------
+
+    async def _fill_cache(self) -> None:
+        await self._started.wait()
+        objects = self.store.objects
+        assert isinstance(objects, MinioCache)
+        order, usizes = await trio.to_thread.run_sync(self._fill_order)
+        done = 0
+        while done < len(order) and objects.has_room():
+            batch, stored = [], 0
+            while done < len(order) and stored < FILL_BATCH_BYTES:
+                cid = int(order[done])
+                done += 1
+                if not objects.contains(cid):
+                    batch.append((cid, int(usizes[cid])))
+                    stored += self.index.chunk_csize[cid]
+            if not batch:
+                continue
+            chunks, nbytes, full = await trio.to_thread.run_sync(self._fill_batch, batch, limiter=self._limiter)
+            self.counters[sh.FILL_CHUNKS] += chunks
+            self.counters[sh.FILL_BYTES] += nbytes
+            self.counters[sh.OBJECT_INSERTS] += chunks
+            if full:
+                break
+        log.debug("background fill stopped after %d of %d chunks", done, len(order))
+
+    def _fill_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ids of this node's partitions in storage order (bulk sequential reads), and
+        every chunk's decoded size."""
+        index = self.index
+        partitions = np.asarray(index.chunk_partition)
+        local = np.flatnonzero(np.asarray(self.store.reader.local, dtype=bool)[partitions])
+        offsets = np.asarray(index.chunk_offset)[local]
+        order = local[np.lexsort((offsets, partitions[local]))]
+        modes = np.asarray(index.mode)
+        counts = np.asarray(index.count).astype(np.int64)
+        files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
+        usizes = np.full(index.chunk_count, self.chunk_size, dtype=np.int64)
+        last = np.asarray(index.first)[files].astype(np.int64) + counts[files] - 1
+        usizes[last] = np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * self.chunk_size
+        return order, usizes
+
+    def _fill_batch(self, batch: list[tuple[int, int]]) -> tuple[int, int, bool]:
+        """Worker thread: decode `batch` into the MinIO cache. Corrupt or unreadable chunks
+        are skipped (readers get their own error). Returns (chunks, bytes, cache full)."""
+        store = self.store
+        objects = store.objects
+        assert isinstance(objects, MinioCache)
+        chunks = nbytes = 0
+        for cid, usize in batch:
+            if store.shared.is_broken(cid):
+                continue
+            try:
+                data, _ = store.load_and_decode(cid, usize)
+            except Exception as exc:
+                log.debug("background fill skips chunk %d: %s", cid, exc)
+                continue
+            if isinstance(data, memoryview):
+                continue  # a raw chunk of a resident partition: already in memory
+            if objects.put(cid, data):
+                chunks += 1
+                nbytes += len(data)
+            elif not objects.contains(cid):
+                return chunks, nbytes, True  # no room left for it
+        return chunks, nbytes, False
+
+
+def default_memory(available: int) -> int:
+    """--prefetch-memory default: 1/32 of available memory, 64 MiB to 1 GiB."""
+    return max(64 << 20, min(available // 32, 1 << 30))
+
+
+def default_cache_memory(available: int) -> int:
+    """--cache-memory default: 1/8 of available memory, at most 32 GiB."""
+    return min(available // 8, 32 << 30)
+
+
+def hints_socket_path(mountpoint: str, cache_dir: str | None) -> str:
+    """Where the hint socket of a mount lives: the cache dir in cluster mode, else the
+    per-user runtime directory (both outside the dataset namespace)."""
+    if cache_dir:
+        return os.path.join(cache_dir, "hints.sock")
+    import hashlib
+
+    directory = "/tmp/fanfs-%d" % os.getuid()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    digest = hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:12]
+    return os.path.join(directory, "hints-%s.sock" % digest)
