@@ -22,9 +22,10 @@ with POSIX_FADV_DONTNEED on each file of the set (per-file, so other benchmarks 
 machine are not disturbed), or with `--evict drop_caches` (`sync; echo 3 >
 /proc/sys/vm/drop_caches`). Either way the run first checks with mincore(2) that no page of
 the set is cached, and afterwards, from the daemon's counters, that every file was read
-from the daemon. The mounts run with `--cache-size 4MiB` (`--daemon-cache`): fanfs keeps
-decoded chunks of partly read files in that cache, and under 32 readers the kernel splits
-file reads, so a large cache would serve later repeats of the remote set without a remote
+from the daemon. The mounts run with `--prefetch off --cache-memory 0` and
+`--prefetch-memory 4MiB` (`--daemon-cache`): fanfs keeps decoded chunks of partly read files
+in that buffer, and under 32 readers the kernel splits file reads, so a large buffer (or the
+object cache, or read-ahead) would serve later repeats of the remote set without a remote
 fetch; a remote run with fewer remote fetches than 95% of its files is an error. The staged
 partitions stay in memory (fanfs preloads them), which is the steady state of a job.
 Within one job, local and remote runs alternate (which goes first alternates too) over
@@ -207,7 +208,11 @@ class Job:
             "fsname=" + FSNAME,
             "--coalesce-window",
             str(self.window_ms),
-            "--cache-size",
+            "--prefetch",
+            "off",
+            "--cache-memory",
+            "0",
+            "--prefetch-memory",
             self.cache_size,
         ]
 
@@ -423,7 +428,7 @@ class Result:
 COUNTERS = (
     "reads",
     "chunk_reads",
-    "cache_hits",
+    "buffer_hits",
     "remote_fetches",
     "messages_sent",
     "requests_sent",
@@ -462,7 +467,7 @@ def one_run(
         nbytes,
         delta["reads"],
         delta["chunk_reads"],
-        delta["cache_hits"],
+        delta["buffer_hits"],
         delta["remote_fetches"],
         delta["messages_sent"],
         delta["requests_sent"],
@@ -598,7 +603,7 @@ def main() -> int:
     parser.add_argument(
         "--daemon-cache",
         default="4MiB",
-        help="the mounts' --cache-size (default 4MiB: room for the chunks being read, too small "
+        help="the mounts' --prefetch-memory (default 4MiB: room for the chunks being read, too small "
         "to keep a set from one run to the next)",
     )
     parser.add_argument("--seed", type=int, default=1)
