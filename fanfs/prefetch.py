@@ -118,7 +118,8 @@ class Prefetcher:
         self.max_window = max(min(memory // 4, MAX_WINDOW_BYTES), self.chunk_size)
         self.first_window = min(2 * self.chunk_size, self.max_window)
         self._limiter = trio.CapacityLimiter(workers)
-        self._jobs: collections.deque[tuple[int, int]] = collections.deque()
+        # (entry, chunk, the window that asked, its position there)
+        self._jobs: collections.deque[tuple[int, int, _Ahead, int]] = collections.deque()
         self._queued: set[int] = set()
         self._lot = trio.lowlevel.ParkingLot()
         self._files: collections.OrderedDict[int, _Ahead] = collections.OrderedDict()
@@ -135,6 +136,10 @@ class Prefetcher:
         """A READ of chunks first..last of `entry` arrived."""
         if not self._started.is_set():
             self._started.set()
+        if self._queued:
+            first_cid = self.index.first[entry]
+            for cid in range(first_cid + first, first_cid + last + 1):
+                self._queued.discard(cid)
         if self.index.count[entry] > 1:
             self._in_file(entry, first, last)
         if first == 0:
@@ -159,7 +164,7 @@ class Prefetcher:
         count = self.index.count[entry]
         while stream.ahead < stream.window and stream.frontier + 1 < count:
             chunk_no = stream.frontier + 1
-            stream.issued(chunk_no, self._enqueue(entry, chunk_no))
+            stream.issued(chunk_no, self._enqueue(entry, chunk_no, stream, chunk_no))
         stream.window = min(stream.window * 2, self.max_window)
 
     def _walk(self, entry: int) -> None:
@@ -183,7 +188,7 @@ class Prefetcher:
         limit = min(index.entry_count, candidate + 4096)
         while stream.ahead < stream.window and candidate < limit:
             if stat.S_ISREG(index.mode[candidate]) and index.size[candidate]:
-                stream.issued(candidate, self._enqueue_file(candidate, stream.window))
+                stream.issued(candidate, self._enqueue_file(candidate, stream, candidate))
             else:
                 stream.frontier = candidate
             candidate += 1
@@ -219,20 +224,20 @@ class Prefetcher:
         while ahead.ahead < ahead.window and ahead.frontier + 1 < len(hints):
             position = ahead.frontier + 1
             entry = hints[position]  # -1: a path the mount does not have
-            ahead.issued(position, self._enqueue_file(entry, ahead.window) if entry >= 0 else 0)
+            ahead.issued(position, self._enqueue_file(entry, ahead, position) if entry >= 0 else 0)
 
     # -- the queue -------------------------------------------------------------------------
 
-    def _enqueue_file(self, entry: int, budget: int) -> int:
-        """Queue the chunks of `entry` (up to `budget` bytes); returns the bytes queued."""
+    def _enqueue_file(self, entry: int, ahead: _Ahead, position: int) -> int:
+        """Queue the chunks of `entry` (up to the window's size); returns the bytes queued."""
         total = 0
         for chunk_no in range(self.index.count[entry]):
-            total += self._enqueue(entry, chunk_no)
-            if total >= budget:
+            total += self._enqueue(entry, chunk_no, ahead, position)
+            if total >= ahead.window:
                 break
         return total
 
-    def _enqueue(self, entry: int, chunk_no: int) -> int:
+    def _enqueue(self, entry: int, chunk_no: int, ahead: _Ahead, position: int) -> int:
         usize = self.store.usize(entry, chunk_no)
         cid = self.index.first[entry] + chunk_no
         store = self.store
@@ -244,7 +249,7 @@ class Prefetcher:
         elif store.was_pushed(cid):
             return usize
         self._queued.add(cid)
-        self._jobs.append((entry, chunk_no))
+        self._jobs.append((entry, chunk_no, ahead, position))
         self._lot.unpark()
         return usize
 
@@ -260,8 +265,13 @@ class Prefetcher:
         while True:
             while not self._jobs:
                 await self._lot.park()
-            entry, chunk_no = self._jobs.popleft()
+            entry, chunk_no, ahead, position = self._jobs.popleft()
             cid = self.index.first[entry] + chunk_no
+            if cid not in self._queued or position <= ahead.last:
+                # A reader got there first (it read the chunk, or passed this position):
+                # its own read decoded it, and the kernel keeps it.
+                self._queued.discard(cid)
+                continue
             self._queued.discard(cid)
             if store.prefetched_bytes + self.chunk_size > self.memory and self.notify is None:
                 # The buffer is full of chunks nobody has read yet: reading further ahead
