@@ -31,6 +31,7 @@ LENGTH_BITS: Final = 28
 MAX_OBJECT: Final = (1 << LENGTH_BITS) - 1
 MAX_ARENA: Final = (1 << 36) * 8
 ALIGN: Final = 8
+LOCK_WAIT_S: Final = 0.5
 
 
 class ObjectCache(Protocol):
@@ -85,7 +86,13 @@ class MinioCache:
         if self._slots[cid] or not 0 < length <= MAX_OBJECT:
             return False
         padded = -(-length // ALIGN) * ALIGN
-        with self._lock:
+        # Only the allocation is locked, briefly (the background filler runs at the lowest
+        # CPU priority and must not hold others up while it copies). The wait is bounded: a
+        # process killed while holding the lock (OOM killer) must not hang the others, who
+        # then just stop caching.
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            return False
+        try:
             if self._slots[cid]:  # another process stored it meanwhile
                 return False
             offset = self._header[0]
@@ -94,10 +101,15 @@ class MinioCache:
                 return False
             self._header[0] = offset + padded
             self._header[1] += 1
-            # Copy and publish under the lock: a second put of the same chunk then sees the
-            # slot and cannot store it twice (the copy is ~10 us per 100 kB).
-            self._view[offset : offset + length] = data
-            self._slots[cid] = (offset // ALIGN) << LENGTH_BITS | length
+        finally:
+            self._lock.release()
+        self._view[offset : offset + length] = data
+        if self._slots[cid]:
+            # Stored twice at once (rare): this copy's room stays unused.
+            with self._lock:
+                self._header[1] -= 1
+            return False
+        self._slots[cid] = (offset // ALIGN) << LENGTH_BITS | length
         return True
 
     def statistics(self) -> dict[str, int | str]:

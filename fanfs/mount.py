@@ -11,6 +11,7 @@ silently showing the empty mountpoint; `fanfs umount` clears it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import faulthandler
@@ -310,7 +311,7 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
     # mount the kernel refuses must fail here, not look mounted and hang its readers.
     ops.init_callbacks.append(on_ready)
-    slot, children = _serve_until_unmounted(pyfuse3, ops, store, reader, config, cluster)
+    slot, children, filler = _serve_until_unmounted(pyfuse3, ops, store, reader, config, cluster)
     # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -318,6 +319,10 @@ def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: An
         pyfuse3.close(unmount=False)
         os._exit(0)
     pyfuse3.close(unmount=True)
+    if filler:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(filler, signal.SIGTERM)
+        children.append(filler)
     _reap(children)
     log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
     return 0
@@ -334,16 +339,20 @@ def memory_budgets(config: MountConfig) -> tuple[int, int]:
 
 
 def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any) -> tuple[Any, Any]:
-    from fanfs.cache import make_cache
+    from fanfs.cache import MinioCache, make_cache
     from fanfs.operations import Operations
     from fanfs.prefetch import hints_socket_path
     from fanfs.store import ChunkStore
 
     processes = serving_processes(pyfuse3, config)
     chunks = reader.index.chunk_count
-    shared = SharedState(processes=processes, partitions=len(reader.partitions), chunks=chunks)
     cache_memory, prefetch_memory = memory_budgets(config)
     objects = make_cache(config.cache_policy, cache_memory, chunks=chunks, processes=processes)
+    # The background filler of a single-node mount is a process of its own, with its own row
+    # of counters (cluster mounts fill in a thread: see _fork_filler).
+    filler = config.prefetch and cluster is None and isinstance(objects, MinioCache)
+    rows = processes + (1 if filler else 0)
+    shared = SharedState(processes=rows, partitions=len(reader.partitions), chunks=chunks)
     store = ChunkStore(reader, shared, buffer_bytes=prefetch_memory, thread_limit=config.thread_limit,
                        objects=objects)
     if cluster is not None:
@@ -353,7 +362,7 @@ def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, clu
     info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
             "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0),
             "prefetch": "off" if not config.prefetch else config.prefetch_into,
-            "prefetch_memory": prefetch_memory}
+            "prefetch_memory": prefetch_memory, "filler": filler}
     if config.prefetch:
         info["hints"] = hints_socket_path(config.mountpoint, config.cache_dir)
     ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
@@ -384,11 +393,12 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
 
 def _serve_until_unmounted(
     pyfuse3: Any, ops: Any, store: Any, reader: PackReader, config: MountConfig, cluster: Any
-) -> tuple[int, list[int]]:
-    """Run the serving loop(s); returns (this process's slot, the other servers' pids)."""
+) -> tuple[int, list[int], int]:
+    """Run the serving loop(s); returns (this process's slot, the other servers' pids, the
+    filler's pid or 0)."""
     import trio
 
-    slot, children = 0, []
+    slot, children, filler = 0, [], 0
     try:
         if ops.info["processes"] > 1:
             # Stop right inside INIT, before this loop can read (and, once terminating,
@@ -403,6 +413,8 @@ def _serve_until_unmounted(
             pyfuse3.fanfs_session_reset()
         else:
             _nonblocking_session(pyfuse3)
+        if slot == 0 and ops.info["filler"]:
+            filler = _fork_filler(pyfuse3, store, ops.info["processes"])
         preload = slot == 0 and _preload_wanted(reader, config)
         trio.run(_main, pyfuse3, ops, config, preload, slot == 0, cluster)
         _check_initialized(pyfuse3, ops, config)
@@ -414,7 +426,46 @@ def _serve_until_unmounted(
         if slot:
             os._exit(1)
         raise
-    return slot, children
+    return slot, children, filler
+
+
+def _fork_filler(pyfuse3: Any, store: Any, slot: int) -> int:
+    """Fork the background filler of the MinIO cache (prefetch.CacheFiller): lowest CPU
+    priority, its own counter row, no FUSE fd; it starts at the mount's first READ and exits
+    when the cache is full, the node's chunks are all in it, or the mount ends. Called before
+    any thread exists (fork and threads do not mix)."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        _die_with_parent(parent)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 2:
+            os.close(pyfuse3.fanfs_session_fd())
+        os.nice(19)
+        store.shared.use_slot(slot)
+        _run_filler(store, parent)
+    except BaseException:
+        log.exception("background cache fill failed (the mount is not affected)")
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _run_filler(store: Any, parent: int) -> None:
+    from fanfs.prefetch import CacheFiller
+
+    def orphaned() -> bool:
+        return os.getppid() != parent
+
+    while not store.shared.totals()["reads"]:
+        if orphaned():
+            return
+        time.sleep(0.1)
+    CacheFiller(store).run(orphaned)
 
 
 def _nonblocking_session(pyfuse3: Any) -> None:
@@ -497,8 +548,10 @@ def _start_prefetcher(nursery: Any, pyfuse3: Any, ops: Any, config: MountConfig,
     from fanfs.hints import serve_hints
     from fanfs.prefetch import Prefetcher
 
+    # The first process of a cluster mount fills the object cache in a thread; a single-node
+    # mount has a filler process (_fork_filler).
     prefetcher = Prefetcher(ops.store, memory=ops.info["prefetch_memory"], into=config.prefetch_into,
-                            notify=pyfuse3.notify_store, fill=first)
+                            notify=pyfuse3.notify_store, fill=first and not ops.info["filler"])
     ops.prefetcher = prefetcher
     nursery.start_soon(prefetcher.run)
     if first:

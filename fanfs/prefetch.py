@@ -15,10 +15,11 @@ What it learns from the READs a serving process sees (DESIGN.md section 6):
 - **Hints** (clairvoyant mode, fanfs.hints / fanfs.torch): the upcoming order of files; the
   prefetcher keeps a window of them decoded ahead of the position the client reports (or
   that reads reveal).
-- **Background fill**: while the shared MinIO object cache has room, one thread decodes the
-  node's chunks in storage order into it (bulk sequential reads of the pack), starting at the
-  first READ. A random epoch then hits the cache for every object it holds, from the first
-  epoch on.
+- **Background fill** (`CacheFiller`): while the shared MinIO object cache has room, the
+  node's chunks are decoded into it in storage order (bulk sequential reads of the pack),
+  starting at the first READ, by a process of its own at the lowest CPU priority (a thread in
+  cluster mode). A random epoch then hits the cache for every object it holds, and the fill
+  uses cores the readers leave idle (the training step's compute).
 
 Where prefetched data goes (`into`): "kernel" pushes it into the kernel's page cache with
 notify_store, where the reader finds it without a FUSE round trip (and every serving process
@@ -36,6 +37,7 @@ import collections
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -60,8 +62,8 @@ FILE_STREAMS: Final = 32
 # enough ahead to hide a decode or a peer's round trip, short enough to waste little at the
 # end of a walk.
 MAX_WINDOW_BYTES: Final = 32 * 1024 * 1024
-# Background fill: stored bytes decoded per thread call.
-FILL_BATCH_BYTES: Final = 4 * 1024 * 1024
+# Background fill: stored bytes read and decoded per step.
+FILL_BATCH_BYTES: Final = 1024 * 1024
 
 
 class _Ahead:
@@ -294,54 +296,70 @@ class Prefetcher:
                     log.debug("cannot push %s into the page cache: %s", self.index.path(entry), exc)
             store.keep_prefetched(cid, data, pushed=pushed)
 
-    # -- background fill of the MinIO cache ------------------------------------------------
-
     async def _fill_cache(self) -> None:
+        # Cluster mode: in a thread of this process (a forked filler and MPI do not mix).
         await self._started.wait()
-        objects = self.store.objects
-        assert isinstance(objects, MinioCache)
-        order, usizes = await trio.to_thread.run_sync(self._fill_order)
+        filler = CacheFiller(self.store)
+        stop = threading.Event()
+        try:
+            await trio.to_thread.run_sync(filler.run, stop.is_set, abandon_on_cancel=True)
+        finally:
+            stop.set()
+
+
+class CacheFiller:
+    """Background fill of the shared MinIO cache: decodes this node's chunks in storage order
+    (bulk sequential reads of the pack) while the cache has room. Blocking; single-node mounts
+    run it in a process of its own at the lowest CPU priority (mount.py), so it uses only
+    cores the readers leave idle and never holds a serving process's GIL."""
+
+    def __init__(self, store: ChunkStore) -> None:
+        self.store = store
+        self.objects = store.objects
+        assert isinstance(self.objects, MinioCache)
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        counters = self.store.shared.counters
+        order, usizes = self.order()
+        csize = self.store.index.chunk_csize
         done = 0
-        while done < len(order) and objects.has_room():
+        while done < len(order) and self.objects.has_room() and not stop():
             batch, stored = [], 0
             while done < len(order) and stored < FILL_BATCH_BYTES:
                 cid = int(order[done])
                 done += 1
-                if not objects.contains(cid):
+                if not self.objects.contains(cid):
                     batch.append((cid, int(usizes[cid])))
-                    stored += self.index.chunk_csize[cid]
-            if not batch:
-                continue
-            chunks, nbytes, full = await trio.to_thread.run_sync(self._fill_batch, batch, limiter=self._limiter)
-            self.counters[sh.FILL_CHUNKS] += chunks
-            self.counters[sh.FILL_BYTES] += nbytes
-            self.counters[sh.OBJECT_INSERTS] += chunks
+                    stored += csize[cid]
+            chunks, nbytes, full = self.fill(batch)
+            counters[sh.FILL_CHUNKS] += chunks
+            counters[sh.FILL_BYTES] += nbytes
             if full:
                 break
         log.debug("background fill stopped after %d of %d chunks", done, len(order))
 
-    def _fill_order(self) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk ids of this node's partitions in storage order (bulk sequential reads), and
-        every chunk's decoded size."""
-        index = self.index
+    def order(self) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ids of this node's partitions in storage order, and every chunk's decoded
+        size."""
+        store = self.store
+        index = store.index
         partitions = np.asarray(index.chunk_partition)
-        local = np.flatnonzero(np.asarray(self.store.reader.local, dtype=bool)[partitions])
+        local = np.flatnonzero(np.asarray(store.reader.local, dtype=bool)[partitions])
         offsets = np.asarray(index.chunk_offset)[local]
         order = local[np.lexsort((offsets, partitions[local]))]
         modes = np.asarray(index.mode)
         counts = np.asarray(index.count).astype(np.int64)
         files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
-        usizes = np.full(index.chunk_count, self.chunk_size, dtype=np.int64)
+        usizes = np.full(index.chunk_count, store.chunk_size, dtype=np.int64)
         last = np.asarray(index.first)[files].astype(np.int64) + counts[files] - 1
-        usizes[last] = np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * self.chunk_size
+        usizes[last] = np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * store.chunk_size
         return order, usizes
 
-    def _fill_batch(self, batch: list[tuple[int, int]]) -> tuple[int, int, bool]:
-        """Worker thread: decode `batch` into the MinIO cache. Corrupt or unreadable chunks
-        are skipped (readers get their own error). Returns (chunks, bytes, cache full)."""
+    def fill(self, batch: list[tuple[int, int]]) -> tuple[int, int, bool]:
+        """Decode `batch` into the cache. Corrupt or unreadable chunks are skipped (readers
+        get their own error). Returns (chunks, bytes, cache full)."""
         store = self.store
-        objects = store.objects
-        assert isinstance(objects, MinioCache)
+        objects = self.objects
         chunks = nbytes = 0
         for cid, usize in batch:
             if store.shared.is_broken(cid):
