@@ -166,7 +166,9 @@ class LruCache:
         }
 
 
-def make_cache(policy: str, budget: int, *, chunks: int, processes: int) -> MinioCache | LruCache | None:
+def make_cache(
+    policy: str, budget: int, *, chunks: int, processes: int
+) -> MinioCache | LruCache | None:
     """The mount's object cache (None when the budget is 0). Call before forking."""
     if budget <= 0:
         return None

@@ -70,7 +70,9 @@ class HintChannel:
             self._sock.connect(path)
         except OSError as exc:
             self._sock.close()
-            raise UsageError("%s: cannot connect to the hint socket %s (%s)" % (mountpoint, path, exc.strerror)) from exc
+            raise UsageError(
+                "%s: cannot connect to the hint socket %s (%s)" % (mountpoint, path, exc.strerror)
+            ) from exc
         self._reply = self._sock.makefile("rb")
 
     def send_order(self, paths: Iterable[str | bytes]) -> tuple[int, int]:
@@ -83,7 +85,9 @@ class HintChannel:
         self._sock.sendall(b"\n".join(lines))
         answer = self._reply.readline().split()
         if len(answer) != 3 or answer[0] != b"ok":
-            raise UsageError("%s: the mount refused the hints (%r)" % (self.mountpoint, b" ".join(answer)))
+            raise UsageError(
+                "%s: the mount refused the hints (%r)" % (self.mountpoint, b" ".join(answer))
+            )
         return int(answer[1]), int(answer[2])
 
     def progress(self, position: int) -> None:

@@ -62,6 +62,8 @@ FILE_STREAMS: Final = 32
 # enough ahead to hide a decode or a peer's round trip, short enough to waste little at the
 # end of a walk.
 MAX_WINDOW_BYTES: Final = 32 * 1024 * 1024
+# Read-ahead work per thread hand-off: decoded bytes of the chunks a worker takes at once.
+BATCH_BYTES: Final = 1024 * 1024
 # Background fill: stored bytes read and decoded per step.
 FILL_BATCH_BYTES: Final = 1024 * 1024
 
@@ -267,6 +269,22 @@ class Prefetcher:
         while True:
             while not self._jobs:
                 await self._lot.park()
+            local, remote = self._next_batch()
+            loaded = await store.prefetch_local(local, self._limiter) if local else []
+            for entry, chunk_no in remote:  # one peer round trip each (coalesced by MPI)
+                data = await store.prefetch(entry, chunk_no, self._limiter)
+                if data is not None:
+                    loaded.append((entry, chunk_no, data))
+            if loaded:
+                await self._place(loaded)
+
+    def _next_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Up to BATCH_BYTES of queued chunks that no reader has got to yet."""
+        store = self.store
+        local: list[tuple[int, int]] = []
+        remote: list[tuple[int, int]] = []
+        nbytes = 0
+        while self._jobs and nbytes < BATCH_BYTES:
             entry, chunk_no, ahead, position = self._jobs.popleft()
             cid = self.index.first[entry] + chunk_no
             if cid not in self._queued or position <= ahead.last:
@@ -275,26 +293,47 @@ class Prefetcher:
                 self._queued.discard(cid)
                 continue
             self._queued.discard(cid)
-            if store.prefetched_bytes + self.chunk_size > self.memory and self.notify is None:
+            if (
+                self.notify is None
+                and store.prefetched_bytes + nbytes + self.chunk_size > self.memory
+            ):
                 # The buffer is full of chunks nobody has read yet: reading further ahead
                 # would only evict them.
                 self.counters[sh.PREFETCH_ISSUED] += 1
                 self.counters[sh.PREFETCH_DROPPED] += 1
                 continue
-            data = await store.prefetch(entry, chunk_no, self._limiter)
-            if data is None:
-                continue
-            pushed = False
-            if self.notify is not None:
-                store.hold(cid, data)
-                # In a thread: the kernel locks the page cache pages it stores into, and a
-                # READ of those pages holds them locked until this process answers it.
-                try:
-                    await trio.to_thread.run_sync(self.notify, entry + 1, chunk_no * self.chunk_size, data)
-                    pushed = True
-                except OSError as exc:  # ENOENT: the kernel has no inode for it yet
-                    log.debug("cannot push %s into the page cache: %s", self.index.path(entry), exc)
-            store.keep_prefetched(cid, data, pushed=pushed)
+            (local if store.is_local(cid) else remote).append((entry, chunk_no))
+            nbytes += store.usize(entry, chunk_no)
+        return local, remote
+
+    async def _place(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> None:
+        """Push loaded chunks into the page cache (or keep them in the daemon)."""
+        store = self.store
+        first = self.index.first
+        pushed = [False] * len(loaded)
+        if self.notify is not None:
+            for entry, chunk_no, data in loaded:
+                store.hold(first[entry] + chunk_no, data)
+            # In a thread: the kernel locks the page cache pages it stores into, and a READ
+            # of those pages holds them locked until this process answers it (from
+            # `_holding`, on the trio thread).
+            pushed = await trio.to_thread.run_sync(self._push_all, loaded, limiter=self._limiter)
+        for (entry, chunk_no, data), ok in zip(loaded, pushed, strict=True):
+            store.keep_prefetched(first[entry] + chunk_no, data, pushed=ok)
+
+    def _push_all(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> list[bool]:
+        """Worker thread: notify_store each chunk; False where the kernel refused it."""
+        notify = self.notify
+        assert notify is not None
+        results = []
+        for entry, chunk_no, data in loaded:
+            try:
+                notify(entry + 1, chunk_no * self.chunk_size, data)
+                results.append(True)
+            except OSError as exc:  # ENOENT: the kernel has no inode for it yet
+                log.debug("cannot push %s into the page cache: %s", self.index.path(entry), exc)
+                results.append(False)
+        return results
 
     async def _fill_cache(self) -> None:
         # Cluster mode: in a thread of this process (a forked filler and MPI do not mix).
@@ -352,7 +391,9 @@ class CacheFiller:
         files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
         usizes = np.full(index.chunk_count, store.chunk_size, dtype=np.int64)
         last = np.asarray(index.first)[files].astype(np.int64) + counts[files] - 1
-        usizes[last] = np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * store.chunk_size
+        usizes[last] = (
+            np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * store.chunk_size
+        )
         return order, usizes
 
     def fill(self, batch: list[tuple[int, int]]) -> tuple[int, int, bool]:

@@ -131,17 +131,27 @@ class ChunkStore:
     def usize(self, entry: int, chunk_no: int) -> int:
         return min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
 
+    def is_local(self, cid: int) -> bool:
+        return bool(self._local[self.index.chunk_partition[cid]])
+
     def is_mapped(self, cid: int) -> bool:
         """A raw chunk of a partition resident in memory: served from the mapping with no
         decode, so the daemon has nothing to gain from reading it ahead."""
-        return self.index.chunk_codec[cid] == CODEC_NONE and bool(self._resident[self.index.chunk_partition[cid]])
+        return self.index.chunk_codec[cid] == CODEC_NONE and bool(
+            self._resident[self.index.chunk_partition[cid]]
+        )
 
     def is_cached(self, cid: int) -> bool:
         return self.objects is not None and self.objects.contains(cid)
 
     def is_pending(self, cid: int) -> bool:
         """Buffered, being loaded or pushed, or known broken: nothing for a prefetch to do."""
-        return self.buffer.contains(cid) or cid in self._inflight or cid in self._holding or cid in self._broken
+        return (
+            self.buffer.contains(cid)
+            or cid in self._inflight
+            or cid in self._holding
+            or cid in self._broken
+        )
 
     def was_pushed(self, cid: int) -> bool:
         return cid in self._pushed
@@ -225,7 +235,11 @@ class ChunkStore:
         counters = self.shared.counters
         if cid in self._holding and self._holding.pop(cid) is None:
             # A reader took it while it was being pushed (counted as joined).
-            if self.objects is None or isinstance(data, memoryview) or not self.objects.put(cid, data):
+            if (
+                self.objects is None
+                or isinstance(data, memoryview)
+                or not self.objects.put(cid, data)
+            ):
                 return
             counters[sh.OBJECT_INSERTS] += 1
             return
@@ -248,7 +262,9 @@ class ChunkStore:
         else:
             counters[sh.PREFETCH_DROPPED] += 1
 
-    async def prefetch(self, entry: int, chunk_no: int, limiter: trio.CapacityLimiter) -> bytes | memoryview | None:
+    async def prefetch(
+        self, entry: int, chunk_no: int, limiter: trio.CapacityLimiter
+    ) -> bytes | memoryview | None:
         """Load and decode a chunk ahead of its readers, in `limiter`'s threads (or from a
         peer). Returns None if it is already present or the load failed (counted in
         prefetch_failed, logged at DEBUG only: the reader that needs the chunk loads it again
@@ -278,6 +294,70 @@ class ChunkStore:
             return None
         return flight.data
 
+    async def prefetch_local(
+        self, jobs: list[tuple[int, int]], limiter: trio.CapacityLimiter
+    ) -> list[tuple[int, int, bytes | memoryview]]:
+        """`prefetch` for a batch of chunks of local partitions, decoded in one thread call
+        (a thread hand-off costs about as much as decoding a 100 kB chunk). Returns
+        (entry, chunk, data) for the chunks that were loaded and that no reader took."""
+        counters = self.shared.counters
+        out: list[tuple[int, int, bytes | memoryview]] = []
+        flights: list[tuple[int, int, int, int, _Flight]] = []
+        for entry, chunk_no in jobs:
+            cid = self.index.first[entry] + chunk_no
+            if self.is_pending(cid) or self.shared.is_broken(cid):
+                continue
+            counters[sh.PREFETCH_ISSUED] += 1
+            cached = self.objects.get(cid) if self.objects is not None else None
+            if cached is not None:
+                out.append((entry, chunk_no, cached))
+                continue
+            flight = self._inflight[cid] = _Flight(prefetch=True)
+            flights.append((entry, chunk_no, cid, self.usize(entry, chunk_no), flight))
+        if not flights:
+            return out
+        outcomes: list[tuple[bytes | memoryview | None, FanfsError | None]] = []
+        try:
+            counters[sh.THREAD_DECODES] += len(flights)
+            outcomes, ns = await trio.to_thread.run_sync(
+                self._decode_many,
+                [(cid, usize) for _, _, cid, usize, _ in flights],
+                limiter=limiter,
+            )
+            counters[sh.DECODE_NS] += ns
+        finally:
+            for number, (entry, chunk_no, cid, usize, flight) in enumerate(flights):
+                del self._inflight[cid]
+                if number < len(outcomes):
+                    flight.data, flight.error = outcomes[number]
+                flight.done.set()
+                if flight.error is not None:
+                    counters[sh.PREFETCH_FAILED] += 1
+                    log.debug("prefetch of %s failed: %s", self._where(entry, cid), flight.error)
+                elif flight.data is not None:
+                    counters[sh.BYTES_DECODED] += usize
+                    if flight.claimed:
+                        counters[sh.PREFETCH_JOINED] += 1
+                    else:
+                        out.append((entry, chunk_no, flight.data))
+        return out
+
+    def _decode_many(
+        self, chunks: list[tuple[int, int]]
+    ) -> tuple[list[tuple[bytes | memoryview | None, FanfsError | None]], int]:
+        """Worker thread: `load_and_decode` each chunk; failures are returned, not raised."""
+        outcomes: list[tuple[bytes | memoryview | None, FanfsError | None]] = []
+        total = 0
+        for cid, usize in chunks:
+            try:
+                data, ns = self.load_and_decode(cid, usize)
+            except FanfsError as exc:
+                outcomes.append((None, exc))
+                continue
+            outcomes.append((data, None))
+            total += ns
+        return outcomes, total
+
     async def _single_flight(self, entry: int, cid: int, usize: int) -> bytes | memoryview:
         # Concurrent readers of one chunk (N loader workers, kernel read-ahead, the
         # prefetcher) wait for the first one's fetch and decode instead of repeating it.
@@ -304,13 +384,17 @@ class ChunkStore:
                 raise flight.error
             # A failed prefetch, or a reader that was cancelled (interrupted): load it here.
 
-    async def _load(self, cid: int, usize: int, limiter: trio.CapacityLimiter) -> bytes | memoryview:
+    async def _load(
+        self, cid: int, usize: int, limiter: trio.CapacityLimiter
+    ) -> bytes | memoryview:
         index = self.index
         partition = index.chunk_partition[cid]
         counters = self.shared.counters
         if self._local[partition]:
             counters[sh.THREAD_DECODES] += 1
-            data, ns = await trio.to_thread.run_sync(self.load_and_decode, cid, usize, limiter=limiter)
+            data, ns = await trio.to_thread.run_sync(
+                self.load_and_decode, cid, usize, limiter=limiter
+            )
             counters[sh.DECODE_NS] += ns
             return data
         if self.remote is None:
@@ -323,7 +407,9 @@ class ChunkStore:
             counters[sh.DECODE_NS] += time.perf_counter_ns() - start
             return data
         counters[sh.THREAD_DECODES] += 1
-        data, ns = await trio.to_thread.run_sync(self._timed_decode, cid, stored, usize, limiter=limiter)
+        data, ns = await trio.to_thread.run_sync(
+            self._timed_decode, cid, stored, usize, limiter=limiter
+        )
         counters[sh.DECODE_NS] += ns
         return data
 
@@ -359,7 +445,9 @@ class ChunkStore:
                 raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
         return self._timed_decode(cid, stored, usize)
 
-    def _timed_decode(self, cid: int, stored: bytes | memoryview, usize: int) -> tuple[bytes | memoryview, int]:
+    def _timed_decode(
+        self, cid: int, stored: bytes | memoryview, usize: int
+    ) -> tuple[bytes | memoryview, int]:
         start = time.perf_counter_ns()
         data = self._decode(cid, stored, usize)
         return data, time.perf_counter_ns() - start
@@ -369,7 +457,9 @@ class ChunkStore:
         index = self.index
         if zlib.crc32(stored) != index.chunk_crc32[cid]:
             raise ChecksumError("checksum mismatch")
-        return decompress(index.chunk_codec[cid], stored, usize, self.reader.dictionary(index.chunk_dict[cid]))
+        return decompress(
+            index.chunk_codec[cid], stored, usize, self.reader.dictionary(index.chunk_dict[cid])
+        )
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

@@ -80,7 +80,9 @@ class HintedSampler:
             return self._lost(exc)
         if missing and not self._warned:
             self._warned = True
-            log.warning("fanfs: %d of %d hinted paths are not in the mount", missing, known + missing)
+            log.warning(
+                "fanfs: %d of %d hinted paths are not in the mount", missing, known + missing
+            )
         return self._channel
 
     def _lost(self, exc: Exception) -> None:
