@@ -9,8 +9,8 @@ What it learns from the READs a serving process sees (DESIGN.md section 6):
 - **Walks over files** (sorted traversal of a directory, shards one after another): entries
   are numbered breadth-first with sorted names, so the files of a directory, and the
   directories of one level, are consecutive ids. A small table of walk streams recognises a
-  reader whose next file follows its last one (with a little slack: several serving
-  processes each see part of the walk) and reads the next files ahead.
+  reader whose next files follow its last ones, three in a row (with a little slack:
+  several serving processes each see part of the walk), and reads the next files ahead.
 - **Random reads** start streams that never confirm: nothing is read ahead for them.
 - **Hints** (clairvoyant mode, fanfs.hints / fanfs.torch): the upcoming order of files; the
   prefetcher keeps a window of them decoded ahead of the position the client reports (or
@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 # Consecutive continuing reads before a stream reads ahead: a random reader continues by
 # chance with probability ~SLACK/N per read, so two in a row practically never happen.
 CONFIRM: Final = 2
+# Walks over files confirm after one more: a random order over N files continues one of the
+# streams by chance about WALK_STREAMS * SLACK / N of the time, and a false walk costs a window.
+WALK_CONFIRM: Final = 3
+# A walk's first window: a few small files; it doubles with every file the walk continues.
+WALK_FIRST_WINDOW: Final = 256 * 1024
 # How far past a stream's frontier a read still continues it: with two serving processes each
 # sees every other read or so of a sequential reader.
 SLACK: Final = 4
@@ -177,14 +182,14 @@ class Prefetcher:
             if stream.continues(entry):
                 break
         else:
-            walks.insert(0, _Ahead(entry, self.first_window))
+            walks.insert(0, _Ahead(entry, min(WALK_FIRST_WINDOW, self.max_window)))
             del walks[WALK_STREAMS:]
             return
         if number:
             walks.insert(0, walks.pop(number))
         stream.advance(entry)
         stream.hits += 1
-        if stream.hits < CONFIRM:
+        if stream.hits < WALK_CONFIRM:
             return
         index = self.index
         candidate = stream.frontier + 1
