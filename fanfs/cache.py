@@ -8,9 +8,10 @@ created before the serving processes fork, so all of them fill and hit the same 
 
 - an arena of `budget` bytes, filled front to back under a process-shared lock (allocation
   only; hits take no lock), touched only as it fills, so RSS grows with the contents;
-- a slot table with one u64 per chunk id: 0 while absent, else (offset/8 << 28 | length),
-  written once with one aligned store after the bytes are in place, so a reader in another
-  process sees either nothing or the whole object.
+- a slot table with one u64 per chunk id: 0 while absent, BUSY once a writer has claimed it
+  (under the lock, so a chunk is stored once), then (offset/8 << 28 | length), written with
+  one aligned store after the bytes are in place, so a reader in another process sees
+  either nothing or the whole object.
 
 `LruCache` is the classic policy with the same interface, per process (budget split across the
 serving processes), for comparison (`--cache-policy lru`, docs/benchmarks.md).
@@ -25,6 +26,8 @@ import mmap
 import multiprocessing
 from typing import Final, Protocol
 
+# A slot being written: claimed under the lock, so a second writer of the same chunk skips it.
+BUSY: Final = (1 << 64) - 1
 # Slot encoding: 28 bits of length (objects up to 256 MiB - 1), 36 bits of offset in units of
 # 8 bytes (arenas up to 512 GiB).
 LENGTH_BITS: Final = 28
@@ -70,7 +73,7 @@ class MinioCache:
 
     def get(self, cid: int) -> memoryview | None:
         slot = self._slots[cid]
-        if not slot:
+        if not slot or slot == BUSY:
             return None
         offset = (slot >> LENGTH_BITS) * ALIGN
         return self._view[offset : offset + (slot & MAX_OBJECT)]
@@ -101,14 +104,10 @@ class MinioCache:
                 return False
             self._header[0] = offset + padded
             self._header[1] += 1
+            self._slots[cid] = BUSY
         finally:
             self._lock.release()
         self._view[offset : offset + length] = data
-        if self._slots[cid]:
-            # Stored twice at once (rare): this copy's room stays unused.
-            with self._lock:
-                self._header[1] -= 1
-            return False
         self._slots[cid] = (offset // ALIGN) << LENGTH_BITS | length
         return True
 

@@ -25,6 +25,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 import numpy as np
 import pyfuse3
+import trio
 from pyfuse3 import FUSEError
 
 from fanfs import shared as sh
@@ -43,8 +44,18 @@ CACHE_TIMEOUT_S: Final = 24 * 3600.0
 # st_blksize and f_bsize: large, so buffered readers and `cp` ask in big reads.
 BLOCK_SIZE: Final = 128 * 1024
 XATTR_PREFIX: Final = b"user.fanfs."
-FILE_XATTRS: Final = (b"user.fanfs.codec", b"user.fanfs.stored_size", b"user.fanfs.chunks", b"user.fanfs.partitions")
-ROOT_XATTRS: Final = (b"user.fanfs.stats", b"user.fanfs.pack", b"user.fanfs.pid", b"user.fanfs.version")
+FILE_XATTRS: Final = (
+    b"user.fanfs.codec",
+    b"user.fanfs.stored_size",
+    b"user.fanfs.chunks",
+    b"user.fanfs.partitions",
+)
+ROOT_XATTRS: Final = (
+    b"user.fanfs.stats",
+    b"user.fanfs.pack",
+    b"user.fanfs.pid",
+    b"user.fanfs.version",
+)
 HINTS_XATTR: Final = b"user.fanfs.hints"
 
 P = ParamSpec("P")
@@ -165,7 +176,9 @@ class Operations(pyfuse3.Operations):
         return entry
 
     @_boundary
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: Any = None
+    ) -> pyfuse3.EntryAttributes:
         self.shared.counters[sh.LOOKUPS] += 1
         parent = self._dir(parent_inode)
         if name == b".":
@@ -211,7 +224,9 @@ class Operations(pyfuse3.Operations):
         entry = fh - 1
         if start_id == 0 and not pyfuse3.readdir_reply(token, b".", self._attr(entry), 1):
             return
-        if start_id <= 1 and not pyfuse3.readdir_reply(token, b"..", self._attr(index.parent[entry]), 2):
+        if start_id <= 1 and not pyfuse3.readdir_reply(
+            token, b"..", self._attr(index.parent[entry]), 2
+        ):
             return
         first = index.first[entry]
         for i in range(max(start_id - 2, 0), index.count[entry]):
@@ -260,8 +275,10 @@ class Operations(pyfuse3.Operations):
         cs = self.chunk_size
         first = off // cs
         last = (end - 1) // cs
-        if self.prefetcher is not None:
-            self.prefetcher.observe(entry, first, last)
+        if self.prefetcher is not None and self.prefetcher.observe(entry, first, last):
+            # Let the workers take the new read-ahead now: a READ of a resident chunk is
+            # served without yielding, and the kernel may queue many of them back to back.
+            await trio.lowlevel.checkpoint()
         if first == last:
             base = first * cs
             whole = off == base and end == min(base + cs, fsize)

@@ -52,15 +52,20 @@ log = logging.getLogger(__name__)
 
 # Consecutive continuing reads before a stream reads ahead: a random reader continues by
 # chance with probability ~SLACK/N per read, so two in a row practically never happen.
-CONFIRM: Final = 2
-# Walks over files confirm after one more: a random order over N files continues one of the
-# streams by chance about WALK_STREAMS * SLACK / N of the time, and a false walk costs a window.
+CONFIRM: Final = 3
+# Walks over files confirm after three continuing files too: a random order over N files
+# continues one of the streams by chance about WALK_STREAMS * SLACK / N of the time, and a
+# false walk costs a window. The three must come close together: a stream not continued
+# within WALK_GAP file reads starts counting again.
 WALK_CONFIRM: Final = 3
+WALK_GAP: Final = 2
 # A walk's first window: a few small files; it doubles with every file the walk continues.
 WALK_FIRST_WINDOW: Final = 256 * 1024
 # How far past a stream's frontier a read still continues it: with two serving processes each
-# sees every other read or so of a sequential reader.
-SLACK: Final = 4
+# sees every other read or so of a sequential reader. In chunks inside a file (a READ is up
+# to 1 MiB, one default chunk), in files for walks.
+SLACK: Final = 2
+FILE_SLACK: Final = 2
 WALK_STREAMS: Final = 8
 FILE_STREAMS: Final = 32
 # Largest read-ahead window of one stream (a quarter of the prefetch memory if smaller): far
@@ -76,9 +81,10 @@ FILL_BATCH_BYTES: Final = 1024 * 1024
 class _Ahead:
     """A read-ahead window: what was issued past the reader, in order, and its size."""
 
-    __slots__ = ("ahead", "frontier", "hits", "last", "pending", "window")
+    __slots__ = ("ahead", "frontier", "hits", "last", "pending", "seen", "window")
 
     def __init__(self, position: int, window: int) -> None:
+        self.seen = 0  # when it was last continued (walks: the process's file-read count)
         self.last = position  # the reader's furthest position
         self.frontier = position  # the furthest position issued (or read)
         self.hits = 0
@@ -86,8 +92,13 @@ class _Ahead:
         self.pending: collections.deque[tuple[int, int]] = collections.deque()
         self.ahead = 0  # bytes issued past `last`
 
-    def continues(self, position: int) -> bool:
-        return self.last < position <= self.frontier + SLACK
+    def continues(self, position: int, slack: int = SLACK) -> bool:
+        # Just after the reader's last position, or just past what was read ahead (a reader
+        # served from the page cache skips what was pushed). Not in between: a random order
+        # would land there by chance, the more often the larger the window.
+        return self.last < position <= self.last + slack or (
+            self.frontier < position <= self.frontier + slack
+        )
 
     def advance(self, position: int) -> None:
         self.last = max(self.last, position)
@@ -133,6 +144,7 @@ class Prefetcher:
         self._lot = trio.lowlevel.ParkingLot()
         self._files: collections.OrderedDict[int, _Ahead] = collections.OrderedDict()
         self._walks: list[_Ahead] = []
+        self._file_reads = 0
         self._hints: list[int] = []
         self._hint_pos: dict[int, int] = {}
         self._hint_ahead: _Ahead | None = None
@@ -141,8 +153,10 @@ class Prefetcher:
 
     # -- what readers reveal ---------------------------------------------------------------
 
-    def observe(self, entry: int, first: int, last: int) -> None:
-        """A READ of chunks first..last of `entry` arrived."""
+    def observe(self, entry: int, first: int, last: int) -> bool:
+        """A READ of chunks first..last of `entry` arrived. Returns True if read-ahead was
+        queued (the caller then lets the workers start before it serves the READ)."""
+        queued = len(self._jobs)
         if not self._started.is_set():
             self._started.set()
         if self._queued:
@@ -157,10 +171,11 @@ class Prefetcher:
             position = self._hint_pos.get(entry)
             if position is not None:
                 self.hint_progress(position)
+        return len(self._jobs) > queued
 
     def _in_file(self, entry: int, first: int, last: int) -> None:
         stream = self._files.get(entry)
-        if stream is None or not stream.continues(first):
+        if stream is None or not stream.continues(first, FILE_SLACK):
             stream = self._files[entry] = _Ahead(last, self.first_window)
             if len(self._files) > FILE_STREAMS:
                 self._files.popitem(last=False)
@@ -178,15 +193,21 @@ class Prefetcher:
 
     def _walk(self, entry: int) -> None:
         walks = self._walks
+        self._file_reads += 1
         for number, stream in enumerate(walks):
             if stream.continues(entry):
                 break
         else:
-            walks.insert(0, _Ahead(entry, min(WALK_FIRST_WINDOW, self.max_window)))
+            stream = _Ahead(entry, min(WALK_FIRST_WINDOW, self.max_window))
+            stream.seen = self._file_reads
+            walks.insert(0, stream)
             del walks[WALK_STREAMS:]
             return
         if number:
             walks.insert(0, walks.pop(number))
+        if stream.hits < WALK_CONFIRM and self._file_reads - stream.seen > WALK_GAP:
+            stream.hits = 0  # continued, but not in a row: a random order's near miss
+        stream.seen = self._file_reads
         stream.advance(entry)
         stream.hits += 1
         if stream.hits < WALK_CONFIRM:

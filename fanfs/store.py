@@ -193,7 +193,11 @@ class ChunkStore:
             counters[sh.PREFETCH_WASTED] += 1
         self._check_broken(entry, cid)
         usize = self.usize(entry, chunk_no)
-        if self._resident[self.index.chunk_partition[cid]] and usize <= INLINE_MAX_BYTES:
+        if (
+            self._resident[self.index.chunk_partition[cid]]
+            and usize <= INLINE_MAX_BYTES
+            and cid not in self._inflight  # else join the prefetch (or READ) loading it
+        ):
             counters[sh.INLINE_DECODES] += 1
             start = time.perf_counter_ns()
             try:

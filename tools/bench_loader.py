@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -416,6 +417,7 @@ class FanfsTool:
     has_prefetch: bool
     has_cache_policy: bool
     has_hints: bool
+    storage_cpus: frozenset[int] | None = None
 
     def stats(self, mnt: Path) -> dict[str, Any]:
         out = subprocess.run(
@@ -444,8 +446,39 @@ class FanfsTool:
             bl.log("mounting: %s", shlex.join(cmd[len(self.cmd) :]))
             bl.run_cmd(cmd, timeout_s=bl.MOUNT_DEADLINE_S, log_path=log_path, env=env)
             bl.wait_mounted(mnt)
-            mounts.daemon_pids(mnt)
+            pids = mounts.daemon_pids(mnt)
+            if self.storage_cpus:
+                pin_processes(pids, self.storage_cpus)
             yield mnt
+
+
+def _cpus(text: str | None) -> frozenset[int] | None:
+    if not text:
+        return None
+    try:
+        cpus = frozenset(int(c) for c in text.split(","))
+    except ValueError:
+        raise bl.BenchError("invalid CPU list %r (expected e.g. 0 or 0,1)" % text) from None
+    if not cpus <= os.sched_getaffinity(0):
+        raise bl.BenchError("CPU list %r is not a subset of this machine's CPUs" % text)
+    return cpus
+
+
+def pin_processes(pids: Sequence[int], cpus: frozenset[int]) -> None:
+    """Run every thread of `pids` and of their children (the daemon's serving processes and
+    its cache filler) on `cpus`; threads created later inherit it."""
+    todo, seen = list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir("/proc/%d/task" % pid):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpus)
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                todo += [int(c) for c in f.read().split()]
 
 
 def probe_fanfs(cmd: list[str], mount_args: list[str]) -> FanfsTool:
@@ -489,6 +522,10 @@ class LoaderConfig:
     workers: int
     compute_s: float
     batch_timeout_s: float
+    # --loader-cpus: the training process and its workers run on these CPUs only (None:
+    # anywhere); the fanfs daemon then runs on the others (--storage-cpus model).
+    loader_cpus: frozenset[int] | None = None
+    storage_cpus: frozenset[int] | None = None
 
 
 def make_loader(ds: Any, cfg: LoaderConfig, seed: int, hint_paths: list[str] | None) -> Any:
@@ -685,12 +722,16 @@ def _loader_epochs(
     mnt: Path | None,
 ) -> None:
     loader = make_loader(ds, bench.loader, seed, hints)
+    everywhere = os.sched_getaffinity(0)
     try:
+        if bench.loader.loader_cpus:  # the workers fork in the first epoch and inherit it
+            os.sched_setaffinity(0, bench.loader.loader_cpus)
         bench.timed_epochs(loader, "main", variant, EPOCH_KINDS, rep, mnt, retry_disturbed=True)
     finally:
         # Stop the persistent workers before the caller unmounts.
         del loader
         gc.collect()
+        os.sched_setaffinity(0, everywhere)
 
 
 def run_oversize(bench: Bench, policy: str, rep: int, epochs: int, budget: int) -> None:
@@ -914,6 +955,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="default 32")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     p.add_argument(
+        "--loader-cpus",
+        default=None,
+        metavar="LIST",
+        help="run the training loop and its workers on these CPUs only, e.g. 1 (default: "
+        "anywhere); models a node whose loaders leave other cores to the storage stack",
+    )
+    p.add_argument(
+        "--storage-cpus",
+        default=None,
+        metavar="LIST",
+        help="run the fanfs daemon on these CPUs only, e.g. 0 (default: anywhere)",
+    )
+    p.add_argument(
         "--compute-ms",
         type=float,
         default=8.0,
@@ -1023,7 +1077,10 @@ def choose_variants(
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     started, load_before = time.time(), os.getloadavg()
     bl.log("load average at start: %.2f %.2f %.2f", *load_before)
-    fanfs = probe_fanfs(shlex.split(args.fanfs_cmd), shlex.split(args.mount_args))
+    fanfs = dataclasses.replace(
+        probe_fanfs(shlex.split(args.fanfs_cmd), shlex.split(args.mount_args)),
+        storage_cpus=_cpus(args.storage_cpus),
+    )
     variants, policies, skipped = choose_variants(args, fanfs)
     for note in skipped:
         bl.log("WARNING: not run: %s", note)
@@ -1034,7 +1091,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     ref = reference_of(src)
     pack = prepare_pack(src, workdir, manifest, fanfs.cmd, shlex.split(args.pack_args))
     lmdb_path = prepare_lmdb(src, workdir, manifest, ref) if "lmdb" in variants else Path()
-    cfg = LoaderConfig(args.batch_size, args.workers, args.compute_ms / 1000, args.batch_timeout)
+    cfg = LoaderConfig(
+        args.batch_size,
+        args.workers,
+        args.compute_ms / 1000,
+        args.batch_timeout,
+        loader_cpus=_cpus(args.loader_cpus),
+    )
     bench = Bench(workdir, src, pack, lmdb_path, ref, fanfs, cfg, args.seed)
     bl.log(
         "variants %s; oversize policies %s; %d repeats",

@@ -40,6 +40,9 @@ CS = TEST_CHUNK_SIZE
 SAMPLE = 16 * 1024  # bytes of every file in samples/ (8-byte aligned: no MinIO padding)
 SAMPLES = 200
 WALK_FILES = 300
+# A directory of a realistic size for random epochs: the smaller it is, the likelier a random
+# order has three near-consecutive files in a row somewhere (docs/architecture.md §9).
+SHUFFLE_FILES = 1000
 BIG_CHUNKS = 20
 SHARD_CHUNKS = 128
 # Options under which counts are exact: one serving process, prefetched chunks kept in the
@@ -56,17 +59,6 @@ PREFETCH_OUTCOMES = (
     "prefetch_joined",
 )
 MOVING = ("prefetch_issued", *PREFETCH_OUTCOMES, "prefetch_used", "fill_chunks", "reads")
-FALSE_CONFIRM = (
-    "fanfs bug: this order has three reads in a row that each land at most SLACK=4 chunks "
-    "past the previous one, and the in-file stream reads ahead for it (about 41% of random "
-    "permutations of a 20-chunk file do; see the report)"
-)
-FALSE_WALK = (
-    "fanfs bug: a walk stream keeps the hits it collects over unrelated reads, so in a "
-    "shuffled epoch one of the 8 streams soon gathers WALK_CONFIRM=3 near misses and the "
-    "daemon reads ahead (per shuffled epoch of a directory of 100 files: about 86%; of 300: "
-    "24%; see the report)"
-)
 WORDS = [b"cat", b"dog", b"bird", b"0.5", b"\n", b"label", b"tensor", b"x"]
 
 
@@ -81,6 +73,7 @@ def text(n: int, seed: int) -> bytes:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files = {"walk/w%04d.txt" % i: text(4096 + 37 * i, i) for i in range(WALK_FILES)}
+    files.update({"shuffle/s%04d.txt" % i: text(1024 + i, i) for i in range(SHUFFLE_FILES)})
     files.update({"samples/s%04d.txt" % i: text(SAMPLE, 10_000 + i) for i in range(SAMPLES)})
     files.update(
         {
@@ -196,22 +189,7 @@ def test_sequential_reader_is_read_ahead(
     assert after["prefetch_failed"] == after["data_errors"] == 0
 
 
-@pytest.mark.parametrize(
-    "preload",
-    [
-        "no",
-        pytest.param(
-            "auto",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="fanfs bug: on a preloaded pack, READs are decoded inline and the patched "
-                "session loop serves queued READs back to back, so the prefetch workers run only "
-                "after the READs they should precede: no chunk of the shard is served by the "
-                "read-ahead (what is issued is decoded a second time and dropped)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("preload", ["no", "auto"])
 def test_sequential_reader_is_read_ahead_behind_kernel_read_ahead(
     preload: str, tree: Path, pack: Path, mount_factory: Callable[..., Mount]
 ) -> None:
@@ -237,8 +215,8 @@ def test_sequential_reader_is_read_ahead_behind_kernel_read_ahead(
         1,
         2,
         3,
-        pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=FALSE_CONFIRM)),
-        pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=FALSE_CONFIRM)),
+        0,
+        5,
     ],
 )
 def test_random_reader_is_not_read_ahead(
@@ -279,20 +257,21 @@ def test_sorted_walk_is_read_ahead(
     assert after["prefetch_failed"] == after["data_errors"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=FALSE_WALK)
 def test_shuffled_epochs_are_not_read_ahead(
     tree: Path, pack: Path, mount_factory: Callable[..., Mount]
 ) -> None:
-    """Three epochs over a directory's first 100 files, each in a new seeded random order
+    """Three epochs over a directory of 1000 files, each in a new seeded random order
     (training without hints): nothing looks like a walk, nothing is read ahead."""
     mount = mount_factory(pack, *EXACT)
-    files = names(tree, "walk")[:100]
+    files = names(tree, "shuffle")
+    assert len(files) == SHUFFLE_FILES
     before = stats(mount.mnt)
     for seed in (10, 11, 12):
         for rel in random.Random(seed).sample(files, len(files)):
             assert read_dropping(mount.mnt / rel) == (tree / rel).read_bytes(), rel
     after = wait_idle(mount.mnt)
-    assert delta(after, before, "reads") == 3 * len(files)
+    # The daemon saw the epochs (DONTNEED may leave a page that was busy at that moment).
+    assert delta(after, before, "reads") >= 0.99 * 3 * len(files)
     assert delta(after, before, "prefetch_issued") == 0
 
 
@@ -300,15 +279,7 @@ def test_shuffled_epochs_are_not_read_ahead(
     "preload",
     [
         "no",
-        pytest.param(
-            "auto",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="fanfs bug: a READ of a chunk of a resident partition decodes it inline "
-                "without looking at the single-flight table, so it never joins a prefetch in "
-                "flight and the chunk is decoded twice",
-            ),
-        ),
+        "auto",
     ],
 )
 def test_read_joins_the_prefetch_in_flight(
@@ -435,15 +406,7 @@ HINT_WINDOW_FILES = 32  # 2 x a quarter of --prefetch-memory 1MiB = 512 KiB = 32
     "seed",
     [
         5,
-        pytest.param(
-            8,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="fanfs bug: the first 25 hinted files of this order confirm a walk stream "
-                "(the bug of test_shuffled_epochs_are_not_read_ahead), whose read-ahead comes on "
-                "top of the hinted window",
-            ),
-        ),
+        8,
     ],
 )
 def test_hints_prefetch_in_hint_order(

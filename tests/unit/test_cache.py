@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pytest
-
 from fanfs.cache import LruCache, MinioCache, make_cache
 
 
@@ -104,12 +102,6 @@ class _RacingSlots:
         self.slots[cid] = value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fanfs bug: MinioCache.put checks the slot after its copy and then stores it, "
-    "without the lock: two writers of one chunk can both store it, and cache_objects counts "
-    "it twice (seen in a real mount: 769 objects for a pack of 768 chunks)",
-)
 def test_minio_chunk_stored_at_once_by_two_writers_counts_once() -> None:
     cache = MinioCache(1024, chunks=4)
     data = b"x" * 100
