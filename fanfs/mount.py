@@ -82,7 +82,9 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         raise UsageError("--processes must be between 1 and %d (0: automatic)" % MAX_PROCESSES)
     options = tuple(o for group in args.options for o in group.split(",") if o)
     if args.prefetch_memory != "auto" and parse_size(args.prefetch_memory) < 1 << 20:
-        raise UsageError("--prefetch-memory must be at least 1MiB (to stop prefetching: --prefetch off)")
+        raise UsageError(
+            "--prefetch-memory must be at least 1MiB (to stop prefetching: --prefetch off)"
+        )
     return MountConfig(
         pack=os.path.abspath(args.pack),
         mountpoint=os.path.abspath(args.mountpoint),
@@ -111,7 +113,9 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
 def check_mountpoint(path: str) -> None:
     """Refuse a missing, non-directory, already mounted or non-empty mountpoint."""
     if find_mount(path) is not None:
-        raise MountSetupError("%s is already a mount point (unmount it first: fanfs umount %s)" % (path, path))
+        raise MountSetupError(
+            "%s is already a mount point (unmount it first: fanfs umount %s)" % (path, path)
+        )
     try:
         entries = os.listdir(path)
     except FileNotFoundError:
@@ -161,11 +165,15 @@ def _cluster_from_config(config: MountConfig, rank: int) -> int:
     process, `{rank}` expanded in paths so ranks on one machine get their own."""
     from fanfs.cluster.node import cluster_mount, expand_rank
 
-    log_pattern = config.logfile or (os.path.join(config.cache_dir, "fanfs.log") if config.cache_dir else None)
+    log_pattern = config.logfile or (
+        os.path.join(config.cache_dir, "fanfs.log") if config.cache_dir else None
+    )
     cache_dir = expand_rank(config.cache_dir, rank)
     # Each rank logs to its own node-local file: mpirun stops reading the ranks' stderr when
     # it shuts a job down, and a daemon must not die writing its last log lines there.
-    logfile = expand_rank(config.logfile, rank) or (os.path.join(cache_dir, "fanfs.log") if cache_dir else None)
+    logfile = expand_rank(config.logfile, rank) or (
+        os.path.join(cache_dir, "fanfs.log") if cache_dir else None
+    )
     config = dataclasses.replace(
         config,
         mountpoint=expand_rank(config.mountpoint, rank) or config.mountpoint,
@@ -245,7 +253,9 @@ _REFUSED_OPTIONS: Final = ("max_read", "direct_io")
 def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
     for option in config.options:
         if option.split("=")[0] in _REFUSED_OPTIONS:
-            raise UsageError("-o %s is not supported by fanfs (it breaks the mount or shared mmap)" % option)
+            raise UsageError(
+                "-o %s is not supported by fanfs (it breaks the mount or shared mmap)" % option
+            )
     options = set(pyfuse3.default_options) | {"ro", "subtype=fanfs"}
     if not any(o.startswith("fsname=") for o in config.options):
         options.add("fsname=fanfs")
@@ -286,13 +296,17 @@ def serving_processes(pyfuse3: Any, config: MountConfig) -> int:
     """How many processes serve the mount: several need pyfuse3 with fanfs patch level 2."""
     if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) < 2:
         if config.processes not in (0, 1):
-            log.warning("serving with 1 process: pyfuse3 lacks the fanfs patch (run tools/setup.sh)")
+            log.warning(
+                "serving with 1 process: pyfuse3 lacks the fanfs patch (run tools/setup.sh)"
+            )
         return 1
     cpus = os.cpu_count() or 1
     return max(1, min(config.processes or DEFAULT_PROCESSES, cpus))
 
 
-def serve(reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any, cluster: Any = None) -> int:
+def serve(
+    reader: PackReader, config: MountConfig, pyfuse3: Any, *, on_ready: Any, cluster: Any = None
+) -> int:
     """Mount, serve until unmounted or signalled, unmount. Returns the exit status.
 
     With several serving processes, the first runs the INIT handshake alone, then forks the
@@ -338,7 +352,9 @@ def memory_budgets(config: MountConfig) -> tuple[int, int]:
     return cache, config.prefetch_memory or default_memory(available)
 
 
-def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any) -> tuple[Any, Any]:
+def _build_operations(
+    reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any
+) -> tuple[Any, Any]:
     from fanfs.cache import MinioCache, make_cache
     from fanfs.operations import Operations
     from fanfs.prefetch import hints_socket_path
@@ -353,19 +369,33 @@ def _build_operations(reader: PackReader, config: MountConfig, pyfuse3: Any, clu
     filler = config.prefetch and cluster is None and isinstance(objects, MinioCache)
     rows = processes + (1 if filler else 0)
     shared = SharedState(processes=rows, partitions=len(reader.partitions), chunks=chunks)
-    store = ChunkStore(reader, shared, buffer_bytes=prefetch_memory, thread_limit=config.thread_limit,
-                       objects=objects)
+    store = ChunkStore(
+        reader,
+        shared,
+        buffer_bytes=prefetch_memory,
+        thread_limit=config.thread_limit,
+        objects=objects,
+    )
     if cluster is not None:
         store.remote = cluster.make_remote(shared, store.limiter)
     noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
     totals = reader.manifest.get("totals", {})
-    info = {"pack": config.pack, "mountpoint": config.mountpoint, "noopen": noopen, "processes": processes,
-            "bytes_in": totals.get("bytes_in", 0), "files": totals.get("files", 0),
-            "prefetch": "off" if not config.prefetch else config.prefetch_into,
-            "prefetch_memory": prefetch_memory, "filler": filler}
+    info = {
+        "pack": config.pack,
+        "mountpoint": config.mountpoint,
+        "noopen": noopen,
+        "processes": processes,
+        "bytes_in": totals.get("bytes_in", 0),
+        "files": totals.get("files", 0),
+        "prefetch": "off" if not config.prefetch else config.prefetch_into,
+        "prefetch_memory": prefetch_memory,
+        "filler": filler,
+    }
     if config.prefetch:
         info["hints"] = hints_socket_path(config.mountpoint, config.cache_dir)
-    ops = Operations(store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None)
+    ops = Operations(
+        store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None
+    )
     return ops, store
 
 
@@ -383,12 +413,23 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
     if error is not None:
         raise error
     info = ops.info
-    log.info("mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)", config.pack,
-             config.mountpoint, info["files"], format_size(info["bytes_in"]), info["processes"],
-             "on" if info["noopen"] else "off")
+    log.info(
+        "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)",
+        config.pack,
+        config.mountpoint,
+        info["files"],
+        format_size(info["bytes_in"]),
+        info["processes"],
+        "on" if info["noopen"] else "off",
+    )
     objects = ops.store.objects
-    log.info("object cache: %s, %s; prefetch: %s, %s", objects.policy if objects else "off",
-             format_size(objects.budget if objects else 0), info["prefetch"], format_size(info["prefetch_memory"]))
+    log.info(
+        "object cache: %s, %s; prefetch: %s, %s",
+        objects.policy if objects else "off",
+        format_size(objects.budget if objects else 0),
+        info["prefetch"],
+        format_size(info["prefetch_memory"]),
+    )
 
 
 def _serve_until_unmounted(
@@ -414,14 +455,18 @@ def _serve_until_unmounted(
         else:
             _nonblocking_session(pyfuse3)
         if slot == 0 and ops.info["filler"]:
-            filler = _fork_filler(pyfuse3, store, ops.info["processes"])
+            filler = _fork_filler(
+                pyfuse3, store, ops.info["processes"], push=config.prefetch_into == "kernel"
+            )
         preload = slot == 0 and _preload_wanted(reader, config)
         trio.run(_main, pyfuse3, ops, config, preload, slot == 0, cluster)
         _check_initialized(pyfuse3, ops, config)
     except FanfsError:
         raise
     except BaseException:
-        log.critical("mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True)
+        log.critical(
+            "mount of %s is going down after an unexpected error", config.mountpoint, exc_info=True
+        )
         pyfuse3.close(unmount=False)
         if slot:
             os._exit(1)
@@ -429,9 +474,9 @@ def _serve_until_unmounted(
     return slot, children, filler
 
 
-def _fork_filler(pyfuse3: Any, store: Any, slot: int) -> int:
+def _fork_filler(pyfuse3: Any, store: Any, slot: int, *, push: bool) -> int:
     """Fork the background filler of the MinIO cache (prefetch.CacheFiller): lowest CPU
-    priority, its own counter row, no FUSE fd; it starts at the mount's first READ and exits
+    priority, its own counter row; it starts at the mount's first READ and exits
     when the cache is full, the node's chunks are all in it, or the mount ends. Called before
     any thread exists (fork and threads do not mix)."""
     parent = os.getpid()
@@ -443,11 +488,12 @@ def _fork_filler(pyfuse3: Any, store: Any, slot: int) -> int:
         _die_with_parent(parent)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
-        if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 2:
-            os.close(pyfuse3.fanfs_session_fd())
         os.nice(19)
         store.shared.use_slot(slot)
-        _run_filler(store, parent)
+        # It keeps the FUSE descriptor only to push what it decodes into the page cache
+        # (notify_store writes to it); it never reads requests from it.
+        notify = pyfuse3.notify_store if push else None
+        _run_filler(store, parent, notify)
     except BaseException:
         log.exception("background cache fill failed (the mount is not affected)")
         code = 1
@@ -455,7 +501,7 @@ def _fork_filler(pyfuse3: Any, store: Any, slot: int) -> int:
         os._exit(code)
 
 
-def _run_filler(store: Any, parent: int) -> None:
+def _run_filler(store: Any, parent: int, notify: Any) -> None:
     from fanfs.prefetch import CacheFiller
 
     def orphaned() -> bool:
@@ -465,7 +511,7 @@ def _run_filler(store: Any, parent: int) -> None:
         if orphaned():
             return
         time.sleep(0.1)
-    CacheFiller(store).run(orphaned)
+    CacheFiller(store, notify).run(orphaned)
 
 
 def _nonblocking_session(pyfuse3: Any) -> None:
@@ -485,7 +531,8 @@ def _check_initialized(pyfuse3: Any, ops: Any, config: MountConfig) -> None:
     if not ops.initialized:
         pyfuse3.close(unmount=True)
         raise MountSetupError(
-            "the kernel did not complete the mount of %s (FUSE INIT failed; see the log)" % config.mountpoint
+            "the kernel did not complete the mount of %s (FUSE INIT failed; see the log)"
+            % config.mountpoint
         )
 
 
@@ -524,7 +571,9 @@ def _reap(children: list[int]) -> None:
             time.sleep(0.01)
 
 
-async def _main(pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any) -> None:
+async def _main(
+    pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any
+) -> None:
     import trio
 
     store = ops.store
@@ -542,7 +591,9 @@ async def _main(pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, firs
         nursery.cancel_scope.cancel()
 
 
-def _start_prefetcher(nursery: Any, pyfuse3: Any, ops: Any, config: MountConfig, first: bool) -> None:
+def _start_prefetcher(
+    nursery: Any, pyfuse3: Any, ops: Any, config: MountConfig, first: bool
+) -> None:
     """This process's prefetcher; the first process also fills the object cache in the
     background and serves the hint socket."""
     from fanfs.hints import serve_hints
@@ -550,8 +601,13 @@ def _start_prefetcher(nursery: Any, pyfuse3: Any, ops: Any, config: MountConfig,
 
     # The first process of a cluster mount fills the object cache in a thread; a single-node
     # mount has a filler process (_fork_filler).
-    prefetcher = Prefetcher(ops.store, memory=ops.info["prefetch_memory"], into=config.prefetch_into,
-                            notify=pyfuse3.notify_store, fill=first and not ops.info["filler"])
+    prefetcher = Prefetcher(
+        ops.store,
+        memory=ops.info["prefetch_memory"],
+        into=config.prefetch_into,
+        notify=pyfuse3.notify_store,
+        fill=first and not ops.info["filler"],
+    )
     ops.prefetcher = prefetcher
     nursery.start_soon(prefetcher.run)
     if first:
@@ -578,7 +634,9 @@ async def _handle_signals(pyfuse3: Any, cluster: Any) -> None:
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         if _EARLY_SIGNALS:  # arrived before the receiver was installed
-            log.info("received %s during start-up, unmounting", signal.Signals(_EARLY_SIGNALS[0]).name)
+            log.info(
+                "received %s during start-up, unmounting", signal.Signals(_EARLY_SIGNALS[0]).name
+            )
             if cluster is not None:
                 cluster.shutdown()
             pyfuse3.terminate()

@@ -276,8 +276,8 @@ class Prefetcher:
         if self.notify is None:
             if store.is_cached(cid) or store.is_mapped(cid):
                 return usize  # a demand read would cost no more than this prefetch
-        elif store.was_pushed(cid):
-            return usize
+        elif store.was_pushed(cid) or store.shared.pushed[cid]:
+            return usize  # in the page cache already (pushed by this process or the filler)
         self._queued.add(cid)
         self._jobs.append((entry, chunk_no, ahead, position))
         self._lot.unpark()
@@ -364,7 +364,7 @@ class Prefetcher:
     async def _fill_cache(self) -> None:
         # Cluster mode: in a thread of this process (a forked filler and MPI do not mix).
         await self._started.wait()
-        filler = CacheFiller(self.store)
+        filler = CacheFiller(self.store, self.notify)
         stop = threading.Event()
         try:
             await trio.to_thread.run_sync(filler.run, stop.is_set, abandon_on_cancel=True)
@@ -373,39 +373,51 @@ class Prefetcher:
 
 
 class CacheFiller:
-    """Background fill of the shared MinIO cache: decodes this node's chunks in storage order
-    (bulk sequential reads of the pack) while the cache has room. Blocking; single-node mounts
-    run it in a process of its own at the lowest CPU priority (mount.py), so it uses only
-    cores the readers leave idle and never holds a serving process's GIL."""
+    """Background fill: decodes this node's chunks in storage order (bulk sequential reads of
+    the pack) into the shared MinIO cache, and, given `notify`, pushes each into the kernel's
+    page cache too, so that a shuffled epoch finds them with no READ at all. Stops when the
+    cache budget is spent (decoded objects kept, plus raw chunks pushed) or every chunk is
+    done. Blocking; single-node mounts run it in a process of its own at the lowest CPU
+    priority (mount.py), so it uses only cores the readers leave idle and never holds a
+    serving process's GIL."""
 
-    def __init__(self, store: ChunkStore) -> None:
+    def __init__(
+        self, store: ChunkStore, notify: Callable[[int, int, Any], None] | None = None
+    ) -> None:
         self.store = store
         self.objects = store.objects
         assert isinstance(self.objects, MinioCache)
+        self.notify = notify
+        self._pushed_raw = 0
 
     def run(self, stop: Callable[[], bool]) -> None:
         counters = self.store.shared.counters
-        order, usizes = self.order()
+        order, usizes, owners = self.order()
         csize = self.store.index.chunk_csize
         done = 0
-        while done < len(order) and self.objects.has_room() and not stop():
+        while done < len(order) and self._room() and not stop():
             batch, stored = [], 0
             while done < len(order) and stored < FILL_BATCH_BYTES:
                 cid = int(order[done])
                 done += 1
-                if not self.objects.contains(cid):
-                    batch.append((cid, int(usizes[cid])))
+                if self.notify is not None or not self.objects.contains(cid):
+                    batch.append((cid, int(usizes[cid]), int(owners[cid])))
                     stored += csize[cid]
-            chunks, nbytes, full = self.fill(batch)
+            chunks, nbytes, pushed, full = self.fill(batch)
             counters[sh.FILL_CHUNKS] += chunks
             counters[sh.FILL_BYTES] += nbytes
+            counters[sh.FILL_PUSHED] += pushed
             if full:
                 break
         log.debug("background fill stopped after %d of %d chunks", done, len(order))
 
-    def order(self) -> tuple[np.ndarray, np.ndarray]:
+    def _room(self) -> bool:
+        cached = int(self.objects.statistics()["cache_bytes"])
+        return cached + self._pushed_raw < self.objects.budget
+
+    def order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Chunk ids of this node's partitions in storage order, and every chunk's decoded
-        size."""
+        size and file (entry id)."""
         store = self.store
         index = store.index
         partitions = np.asarray(index.chunk_partition)
@@ -415,35 +427,55 @@ class CacheFiller:
         modes = np.asarray(index.mode)
         counts = np.asarray(index.count).astype(np.int64)
         files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
+        starts = np.asarray(index.first)[files].astype(np.int64)
         usizes = np.full(index.chunk_count, store.chunk_size, dtype=np.int64)
-        last = np.asarray(index.first)[files].astype(np.int64) + counts[files] - 1
-        usizes[last] = (
-            np.asarray(index.size)[files].astype(np.int64) - (counts[files] - 1) * store.chunk_size
-        )
-        return order, usizes
+        sizes = np.asarray(index.size)[files].astype(np.int64)
+        usizes[starts + counts[files] - 1] = sizes - (counts[files] - 1) * store.chunk_size
+        # A file's chunks are consecutive ids: each chunk belongs to the last file starting
+        # at or before it.
+        marks = np.full(index.chunk_count, -1, dtype=np.int64)
+        marks[starts] = files
+        last_start = np.maximum.accumulate(np.where(marks >= 0, np.arange(index.chunk_count), 0))
+        owners = marks[last_start] if index.chunk_count else marks
+        return order, usizes, owners
 
-    def fill(self, batch: list[tuple[int, int]]) -> tuple[int, int, bool]:
-        """Decode `batch` into the cache. Corrupt or unreadable chunks are skipped (readers
-        get their own error). Returns (chunks, bytes, cache full)."""
+    def fill(self, batch: list[tuple[int, int, int]]) -> tuple[int, int, int, bool]:
+        """Decode `batch` into the cache (and push it). Corrupt or unreadable chunks are
+        skipped (readers get their own error). Returns (chunks cached, their bytes, chunks
+        pushed, budget spent)."""
         store = self.store
         objects = self.objects
-        chunks = nbytes = 0
-        for cid, usize in batch:
+        first = store.index.first
+        chunks = nbytes = pushed = 0
+        for cid, usize, entry in batch:
             if store.shared.is_broken(cid):
                 continue
-            try:
-                data, _ = store.load_and_decode(cid, usize)
-            except Exception as exc:
-                log.debug("background fill skips chunk %d: %s", cid, exc)
-                continue
-            if isinstance(data, memoryview):
-                continue  # a raw chunk of a resident partition: already in memory
-            if objects.put(cid, data):
-                chunks += 1
-                nbytes += len(data)
-            elif not objects.contains(cid):
-                return chunks, nbytes, True  # no room left for it
-        return chunks, nbytes, False
+            data: bytes | memoryview | None = objects.get(cid)
+            if data is None:
+                try:
+                    data, _ = store.load_and_decode(cid, usize)
+                except Exception as exc:
+                    log.debug("background fill skips chunk %d: %s", cid, exc)
+                    continue
+                if isinstance(data, memoryview):  # a raw chunk of a resident partition
+                    if self.notify is None:
+                        continue
+                    self._pushed_raw += len(data)
+                elif objects.put(cid, data):
+                    chunks += 1
+                    nbytes += len(data)
+                elif not objects.contains(cid):
+                    return chunks, nbytes, pushed, True  # no room left for it
+            if self.notify is not None and not store.shared.pushed[cid]:
+                try:
+                    self.notify(entry + 1, (cid - first[entry]) * store.chunk_size, data)
+                    store.shared.pushed[cid] = 1
+                    pushed += 1
+                except OSError:  # the kernel does not know the file (yet): cache only
+                    pass
+            if not self._room():
+                return chunks, nbytes, pushed, True
+        return chunks, nbytes, pushed, False
 
 
 def default_memory(available: int) -> int:

@@ -4,8 +4,9 @@ A mount may be served by several processes on the same /dev/fuse (forked after t
 handshake, see mount.py). They share, through one anonymous MAP_SHARED mapping created before
 the fork: the counters (one row per process, summed for statistics), the per-partition
 "resident in memory" flags (set by the preloading thread in the first process, read by all),
-and a bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails
-at once in every process). Plain loads and stores on aligned words; no locks: a counter row
+a bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails
+at once in every process), and a byte per chunk pushed into the kernel's page cache (by a
+prefetcher or the cache filler, so the others do not push it again). Plain loads and stores on aligned words; no locks: a counter row
 has one writer, and a flag or bit only ever goes from 0 to 1.
 """
 
@@ -47,6 +48,7 @@ COUNTER_NAMES: Final = (
     "prefetch_joined",
     "fill_chunks",
     "fill_bytes",
+    "fill_pushed",
     "hint_lists",
     "hint_entries",
 )
@@ -81,6 +83,7 @@ COUNTER_NAMES: Final = (
     PREFETCH_JOINED,
     FILL_CHUNKS,
     FILL_BYTES,
+    FILL_PUSHED,
     HINT_LISTS,
     HINT_ENTRIES,
 ) = range(len(COUNTER_NAMES))
@@ -100,11 +103,15 @@ class SharedState:
         self._counters_size = processes * self._row
         self._resident_off = self._counters_size
         self._broken_off = self._resident_off + partitions
-        size = self._broken_off + (chunks + 7) // 8
+        self._pushed_off = self._broken_off + (chunks + 7) // 8
+        size = self._pushed_off + chunks
         self._map = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_SHARED)
         self._view = memoryview(self._map)
         self.resident = self._view[self._resident_off : self._broken_off]
-        self._broken = self._view[self._broken_off : size]
+        self._broken = self._view[self._broken_off : self._pushed_off]
+        # One byte per chunk (no read-modify-write between processes): 1 once any process
+        # pushed the chunk into the kernel's page cache.
+        self.pushed = self._view[self._pushed_off : size]
         self.counters = self._view[0 : self._row].cast("Q")
 
     def use_slot(self, slot: int) -> None:

@@ -254,6 +254,7 @@ class ChunkStore:
             counters[sh.OBJECT_INSERTS] += 1
         if pushed:
             counters[sh.PREFETCH_PUSHED] += 1
+            self.shared.pushed[cid] = 1
             self._pushed[cid] = None
             if len(self._pushed) > PUSHED_MEMORY:
                 self._pushed.popitem(last=False)
