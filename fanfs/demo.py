@@ -11,6 +11,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,7 @@ def _train(args: argparse.Namespace, src: str, mnt: str) -> int:
     ctx = multiprocessing.get_context("fork")
     print("\n%-6s %-10s %10s %10s %8s" % ("epoch", "source", "files/s", "MB/s", "vs raw"))
     ok = True
-    with ctx.Pool(args.workers) as pool:
+    with ctx.Pool(args.workers, initializer=_reader_signals) as pool:
         for epoch in range(1, args.epochs + 1):
             # One drop before the first epoch makes both sources cold; fanfs's own copy of
             # the pack stays in memory (mapped pages survive drop_caches), by design.
@@ -121,4 +122,25 @@ def _train(args: argparse.Namespace, src: str, mnt: str) -> int:
             ok = ok and (fan_bytes, fan_digest) == (raw_bytes, raw_digest)
     print("\n%s: all %d files read through fanfs %s the raw files" % (
         "OK" if ok else "FAILED", len(files), "match" if ok else "DO NOT match"))
+    _summary(mnt)
     return 0 if ok else 1
+
+
+def _reader_signals() -> None:
+    # The pool ends its readers with SIGTERM; they must just die, not unwind like fanfs's
+    # own commands (cli.py turns SIGTERM into KeyboardInterrupt) and print tracebacks.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _summary(mnt: str) -> None:
+    """What the daemon did (fanfs stats MNT shows every counter)."""
+    from fanfs.stats import read_stats
+
+    s = read_stats(mnt)
+    print("daemon: %d READs (the page cache served the rest), %.2fs waited inside READ; "
+          "object cache %s: %d hits, %s held; read-ahead: %d chunks pushed into the page cache, "
+          "background fill: %d cached, %d pushed" % (
+              s["reads"], s["read_ns"] / 1e9, s.get("cache_policy", "off"), s["object_hits"],
+              format_size(s.get("cache_bytes", 0)), s["prefetch_pushed"], s["fill_chunks"],
+              s["fill_pushed"]))
