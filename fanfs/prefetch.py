@@ -296,13 +296,15 @@ class Prefetcher:
             while not self._jobs:
                 await self._lot.park()
             local, remote = self._next_batch()
-            loaded = await store.prefetch_local(local, self._limiter) if local else []
+            # Each loaded chunk is made readable at once (before the next await): a READ
+            # arriving meanwhile must find it rather than load it a second time.
+            loaded = self._keep(await store.prefetch_local(local, self._limiter)) if local else []
             for entry, chunk_no in remote:  # one peer round trip each (coalesced by MPI)
                 data = await store.prefetch(entry, chunk_no, self._limiter)
                 if data is not None:
-                    loaded.append((entry, chunk_no, data))
+                    loaded += self._keep([(entry, chunk_no, data)])
             if loaded:
-                await self._place(loaded)
+                await self._push(loaded)
 
     def _next_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """Up to BATCH_BYTES of queued chunks that no reader has got to yet."""
@@ -332,20 +334,27 @@ class Prefetcher:
             nbytes += store.usize(entry, chunk_no)
         return local, remote
 
-    async def _place(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> None:
-        """Push loaded chunks into the page cache (or keep them in the daemon)."""
+    def _keep(
+        self, loaded: list[tuple[int, int, bytes | memoryview]]
+    ) -> list[tuple[int, int, bytes | memoryview]]:
+        """Into the daemon's buffer (returns nothing to push), or held for the push."""
         store = self.store
         first = self.index.first
-        pushed = [False] * len(loaded)
-        if self.notify is not None:
-            for entry, chunk_no, data in loaded:
+        for entry, chunk_no, data in loaded:
+            if self.notify is None:
+                store.keep_prefetched(first[entry] + chunk_no, data, pushed=False)
+            else:
                 store.hold(first[entry] + chunk_no, data)
-            # In a thread: the kernel locks the page cache pages it stores into, and a READ
-            # of those pages holds them locked until this process answers it (from
-            # `_holding`, on the trio thread).
-            pushed = await trio.to_thread.run_sync(self._push_all, loaded, limiter=self._limiter)
+        return loaded if self.notify is not None else []
+
+    async def _push(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> None:
+        """Push held chunks into the page cache, in a thread: the kernel locks the pages it
+        stores into, and a READ of those pages holds them locked until this process answers
+        it (from `_holding`, on the trio thread)."""
+        pushed = await trio.to_thread.run_sync(self._push_all, loaded, limiter=self._limiter)
+        first = self.index.first
         for (entry, chunk_no, data), ok in zip(loaded, pushed, strict=True):
-            store.keep_prefetched(first[entry] + chunk_no, data, pushed=ok)
+            self.store.keep_prefetched(first[entry] + chunk_no, data, pushed=ok)
 
     def _push_all(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> list[bool]:
         """Worker thread: notify_store each chunk; False where the kernel refused it."""

@@ -113,7 +113,8 @@ class ChunkStore:
         self._pushed: collections.OrderedDict[int, None] = collections.OrderedDict()
         # Prefetched chunks on their way into the page cache (readers take them from here;
         # None once one has).
-        self._holding: dict[int, bytes | memoryview | None] = {}
+        self._holding: dict[int, bytes | memoryview] = {}
+        self._taken: set[int] = set()  # held chunks a reader has already used
         self._inflight: dict[int, _Flight] = {}
 
     def statistics(self) -> dict[str, int | str]:
@@ -181,12 +182,12 @@ class ChunkStore:
                 self.prefetched_bytes -= len(data)
                 counters[sh.PREFETCH_USED] += 1
             return data
-        if cid in self._holding:
-            data = self._holding[cid]
-            if data is not None:
-                self._holding[cid] = None
+        data = self._holding.get(cid)
+        if data is not None:
+            if cid not in self._taken:
+                self._taken.add(cid)
                 counters[sh.PREFETCH_JOINED] += 1
-                return data
+            return data
         if self._pushed and self._pushed.pop(cid, 0) is None:
             # The prefetcher put this chunk in the page cache, and the kernel asks anyway:
             # evicted before use, or pushed too late.
@@ -212,8 +213,9 @@ class ChunkStore:
         return data
 
     def _keep(self, cid: int, data: bytes | memoryview, *, whole: bool) -> None:
-        # Raw chunks of resident partitions are views of the mapping: nothing to keep.
-        if isinstance(data, memoryview):
+        # Raw chunks of resident partitions are views of the mapping: nothing to keep. (Other
+        # memoryviews, such as a raw chunk received from a peer, are data of their own.)
+        if self.is_mapped(cid):
             return
         if self.objects is not None and self.objects.put(cid, data):
             self.shared.counters[sh.OBJECT_INSERTS] += 1
@@ -237,18 +239,15 @@ class ChunkStore:
     def keep_prefetched(self, cid: int, data: bytes | memoryview, *, pushed: bool) -> None:
         """Keep a chunk the prefetcher decoded. `pushed`: the kernel's page cache took it."""
         counters = self.shared.counters
-        if cid in self._holding and self._holding.pop(cid) is None:
+        if self._holding.pop(cid, None) is not None and cid in self._taken:
             # A reader took it while it was being pushed (counted as joined).
-            if (
-                self.objects is None
-                or isinstance(data, memoryview)
-                or not self.objects.put(cid, data)
-            ):
+            self._taken.discard(cid)
+            if self.objects is None or self.is_mapped(cid) or not self.objects.put(cid, data):
                 return
             counters[sh.OBJECT_INSERTS] += 1
             return
         objects = self.objects
-        mapped = isinstance(data, memoryview)  # a view of the object cache or of the pack
+        mapped = self.is_mapped(cid) or (objects is not None and objects.contains(cid))
         cached = not mapped and objects is not None and objects.put(cid, data)
         if cached:
             counters[sh.OBJECT_INSERTS] += 1
@@ -293,9 +292,12 @@ class ChunkStore:
         finally:
             del self._inflight[cid]
             flight.done.set()
-        if flight.claimed:  # a reader waited for it and keeps it
+        if flight.claimed:  # a reader waited for it and takes it
             if flight.data is not None:
                 self.shared.counters[sh.PREFETCH_JOINED] += 1
+                # Cache it now: the reader runs later, and a new prefetch of the chunk in
+                # between would find it nowhere and load it again.
+                self._keep(cid, flight.data, whole=True)
             return None
         return flight.data
 
@@ -343,6 +345,7 @@ class ChunkStore:
                     counters[sh.BYTES_DECODED] += usize
                     if flight.claimed:
                         counters[sh.PREFETCH_JOINED] += 1
+                        self._keep(cid, flight.data, whole=True)  # see prefetch()
                     else:
                         out.append((entry, chunk_no, flight.data))
         return out
