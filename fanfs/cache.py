@@ -22,9 +22,12 @@ Both are keyed by chunk id and hold decoded chunk bytes (a small file is one chu
 from __future__ import annotations
 
 import collections
+import logging
 import mmap
 import multiprocessing
 from typing import Final, Protocol
+
+log = logging.getLogger(__name__)
 
 # A slot being written: claimed under the lock, so a second writer of the same chunk skips it.
 BUSY: Final = (1 << 64) - 1
@@ -173,4 +176,12 @@ def make_cache(
         return None
     if policy == "lru":
         return LruCache(budget // max(processes, 1))
-    return MinioCache(budget, chunks)
+    try:
+        return MinioCache(budget, chunks)
+    except OSError as exc:  # e.g. strict overcommit (vm.overcommit_memory=2)
+        log.warning(
+            "no object cache: cannot map %d bytes of shared memory (%s); lower --cache-memory",
+            budget,
+            exc.strerror,
+        )
+        return None
