@@ -145,8 +145,10 @@ class Prefetcher:
         self._files: collections.OrderedDict[int, _Ahead] = collections.OrderedDict()
         self._walks: list[_Ahead] = []
         self._file_reads = 0
-        self._hints: list[int] = []
-        self._hint_pos: dict[int, int] = {}
+        self._hints = np.zeros(0, dtype=np.int64)
+        # Position of each entry in the hinted order (-1: not hinted); 4 bytes per entry, so
+        # an order of a million files costs 4 MB, not a dict of a million objects.
+        self._hint_pos: np.ndarray | None = None
         self._hint_ahead: _Ahead | None = None
         self._fill = fill and isinstance(store.objects, MinioCache)
         self._started = trio.Event()
@@ -167,9 +169,9 @@ class Prefetcher:
             self._in_file(entry, first, last)
         if first == 0:
             self._walk(entry)
-        if self._hint_pos:
-            position = self._hint_pos.get(entry)
-            if position is not None:
+        if self._hint_pos is not None:
+            position = int(self._hint_pos[entry])
+            if position >= 0:
                 self.hint_progress(position)
         return len(self._jobs) > queued
 
@@ -229,10 +231,13 @@ class Prefetcher:
     def set_hints(self, entries: list[int]) -> None:
         """A new upcoming order (replaces the previous one; -1 for unknown paths);
         prefetching starts at once."""
-        self._hints = entries
-        self._hint_pos = {}
-        for position, entry in enumerate(entries):
-            self._hint_pos.setdefault(entry, position)
+        order = np.asarray(entries, dtype=np.int64)
+        self._hints = order
+        positions = np.full(self.index.entry_count, -1, dtype=np.int32)
+        known = np.flatnonzero(order >= 0)
+        # Reversed, so an entry hinted twice keeps its first position.
+        positions[order[known[::-1]]] = known[::-1]
+        self._hint_pos = positions
         self._hint_ahead = _Ahead(-1, self.max_window * 2)
         self.counters[sh.HINT_LISTS] += 1
         self.counters[sh.HINT_ENTRIES] += len(entries)
@@ -253,7 +258,7 @@ class Prefetcher:
         hints = self._hints
         while ahead.ahead < ahead.window and ahead.frontier + 1 < len(hints):
             position = ahead.frontier + 1
-            entry = hints[position]  # -1: a path the mount does not have
+            entry = int(hints[position])  # -1: a path the mount does not have
             ahead.issued(position, self._enqueue_file(entry, ahead, position) if entry >= 0 else 0)
 
     # -- the queue -------------------------------------------------------------------------
