@@ -6,11 +6,15 @@ Unmodified scripts never need this.
 
 The channel is a Unix socket outside the dataset namespace; the mount root's extended
 attribute `user.fanfs.hints` names it (the mount is read-only, so the client reads the path
-rather than writing an attribute). The protocol is text, one command per line:
+rather than writing an attribute). Commands, one per line:
 
-    order\\n  PATH\\n ... PATH\\n  end\\n    the upcoming order (replaces the previous one);
-                                      the daemon answers "ok RESOLVED MISSING\\n"
-    at POSITION\\n                     the client has consumed the order up to POSITION
+    order\n  PATH\n ... PATH\n  end\n    the upcoming order (replaces the previous one);
+                                      the daemon answers "ok KNOWN MISSING\n"
+    paths\n  PATH\n ... PATH\n  end\n    register the dataset's paths once (sample i is the
+                                      i-th); answered like order
+    indices N\n  then N x u32 (LE)     the upcoming order as indices into the registered
+                                      paths: 4 bytes per sample, no path lookups; "ok N\n"
+    at POSITION\n                     the client has consumed the order up to POSITION
                                       (0-based); the daemon keeps its window ahead of it
 
 PATHs are absolute paths inside the mount or paths relative to its root. A hint is advice: an
@@ -28,7 +32,9 @@ import os
 import socket
 import stat
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from fanfs.errors import UsageError
 
@@ -40,6 +46,7 @@ log = logging.getLogger(__name__)
 
 XATTR: Final = "user.fanfs.hints"
 MAX_LINE: Final = 64 * 1024
+MAX_INDICES: Final = 1 << 31
 
 
 def socket_path(mountpoint: str) -> str:
@@ -77,7 +84,10 @@ class HintChannel:
 
     def send_order(self, paths: Iterable[str | bytes]) -> tuple[int, int]:
         """Send the upcoming order; returns (paths the mount knows, paths it does not)."""
-        lines = [b"order"]
+        return self._send_paths(b"order", paths)
+
+    def _send_paths(self, command: bytes, paths: Iterable[str | bytes]) -> tuple[int, int]:
+        lines = [command]
         for path in paths:
             raw = os.fsencode(path)
             lines.append(raw if b"\n" not in raw else b"")
@@ -89,6 +99,24 @@ class HintChannel:
                 "%s: the mount refused the hints (%r)" % (self.mountpoint, b" ".join(answer))
             )
         return int(answer[1]), int(answer[2])
+
+    def register(self, paths: Iterable[str | bytes]) -> tuple[int, int]:
+        """Send the dataset's paths once (sample i is paths[i]); later orders can then be
+        sent as indices with `send_indices`, a few bytes per sample instead of a path.
+        Returns (paths the mount knows, paths it does not)."""
+        return self._send_paths(b"paths", paths)
+
+    def send_indices(self, indices: Iterable[int]) -> None:
+        """Send the upcoming order as indices into the registered paths."""
+        order = np.asarray(
+            list(indices) if not hasattr(indices, "__len__") else indices, dtype="<u4"
+        )
+        self._sock.sendall(b"indices %d\n" % len(order) + order.tobytes())
+        answer = self._reply.readline().split()
+        if not answer or answer[0] != b"ok":
+            raise UsageError(
+                "%s: the mount refused the order (%r)" % (self.mountpoint, b" ".join(answer))
+            )
 
     def progress(self, position: int) -> None:
         """The reader has reached `position` in the last order sent."""
@@ -154,37 +182,84 @@ async def serve_hints(prefetcher: Prefetcher, index: Index, mountpoint: str, pat
             os.unlink(path)
 
 
-async def _converse(stream: object, prefetcher: Prefetcher, index: Index, root: bytes) -> None:
+class _Lines:
+    """Lines and fixed-size binary blocks from a trio stream (a bytearray consumed from the
+    front, which CPython does in amortised O(1))."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    async def _more(self) -> bool:
+        data = await self.stream.receive_some(1 << 20)
+        self.buf += data
+        return bool(data)
+
+    async def line(self) -> bytes | None:
+        start = 0
+        while True:
+            end = self.buf.find(b"\n", start)
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[: end + 1]
+                return line
+            if len(self.buf) > MAX_LINE:
+                raise ValueError("line longer than %d bytes" % MAX_LINE)
+            start = len(self.buf)
+            if not await self._more():
+                return None
+
+    async def block(self, size: int) -> bytes | None:
+        while len(self.buf) < size:
+            if not await self._more():
+                return None
+        data = bytes(self.buf[:size])
+        del self.buf[:size]
+        return data
+
+
+async def _converse(stream: Any, prefetcher: Prefetcher, index: Index, root: bytes) -> None:
     import trio
 
-    assert isinstance(stream, trio.SocketStream)
-    buffer = b""
-    order: list[bytes] | None = None
-    while True:
-        data = await stream.receive_some(1 << 20)
-        if not data:
-            return
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        if len(buffer) > MAX_LINE:
-            raise ValueError("line longer than %d bytes" % MAX_LINE)
-        for line in lines:
-            if order is not None:
-                if line == b"end":
-                    paths, order = order, None
-                    entries = await trio.to_thread.run_sync(_resolve_all, index, root, paths)
-                    prefetcher.set_hints(entries)
-                    missing = entries.count(-1)
-                    await stream.send_all(b"ok %d %d\n" % (len(entries) - missing, missing))
-                else:
-                    order.append(line)
-            elif line == b"order":
-                order = []
-            elif line.startswith(b"at "):
-                prefetcher.hint_progress(int(line[3:]))
-            elif line:
-                raise ValueError("unknown command %r" % line[:40])
+    reader = _Lines(stream)
+    table = np.zeros(0, dtype=np.int64)  # this connection's registered paths, as entries
+    while (line := await reader.line()) is not None:
+        if line in (b"order", b"paths"):
+            paths = []
+            while (path := await reader.line()) != b"end":
+                if path is None:
+                    return
+                paths.append(path)
+            entries = await trio.to_thread.run_sync(_resolve_all, index, root, paths)
+            missing = int((entries < 0).sum())
+            if line == b"order":
+                prefetcher.set_hints(entries)
+            else:
+                table = entries
+            await stream.send_all(b"ok %d %d\n" % (len(entries) - missing, missing))
+        elif line.startswith(b"indices "):
+            count = int(line[8:])
+            if not 0 <= count <= MAX_INDICES:
+                raise ValueError("bad index count %d" % count)
+            raw = await reader.block(4 * count)
+            if raw is None:
+                return
+            indices = np.frombuffer(raw, dtype="<u4")
+            if count and int(indices.max()) >= len(table):
+                raise ValueError(
+                    "index %d past the %d registered paths" % (indices.max(), len(table))
+                )
+            prefetcher.set_hints(table[indices])
+            await stream.send_all(b"ok %d\n" % count)
+        elif line.startswith(b"at "):
+            prefetcher.hint_progress(int(line[3:]))
+        elif line:
+            raise ValueError("unknown command %r" % line[:40])
 
 
-def _resolve_all(index: Index, root: bytes, paths: list[bytes]) -> list[int]:
-    return [resolve(index, root, path) if path else -1 for path in paths]
+def _resolve_all(index: Index, root: bytes, paths: list[bytes]) -> np.ndarray:
+    return np.fromiter(
+        (resolve(index, root, path) if path else -1 for path in paths),
+        dtype=np.int64,
+        count=len(paths),
+    )

@@ -7,7 +7,8 @@
     loader = DataLoader(dataset, sampler=sampler, batch_size=64, num_workers=4)
 
 Each time the DataLoader starts an epoch, the wrapper draws the wrapped sampler's order,
-sends the matching file paths to the mount (fanfs.hints), and yields the same indices,
+sends it to the mount (fanfs.hints: the paths once, then 4 bytes per sample and epoch), and
+yields the same indices,
 reporting its position every `every` samples so the daemon stays a window ahead. The order and
 the randomness are the wrapped sampler's own: training is unchanged with or without fanfs.
 
@@ -59,8 +60,8 @@ class HintedSampler:
         return len(self.sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[int]:
-        order = list(self.sampler)
-        channel = self._send([self.paths[i] for i in order])
+        order = [int(i) for i in self.sampler]
+        channel = self._send(order)
         for position, index in enumerate(order):
             if channel is not None and position % self.every == 0:
                 try:
@@ -69,20 +70,25 @@ class HintedSampler:
                     channel = self._lost(exc)
             yield index
 
-    def _send(self, paths: list[str]) -> HintChannel | None:
-        if not paths:
+    def _send(self, order: list[int]) -> HintChannel | None:
+        if not order:
             return None
         try:
             if self._channel is None:
-                self._channel = HintChannel(self.mountpoint or find_mountpoint(paths[0]))
-            known, missing = self._channel.send_order(paths)
+                # The paths go once per channel; each epoch then costs 4 bytes per sample.
+                channel = HintChannel(self.mountpoint or find_mountpoint(self.paths[0]))
+                self._channel = channel
+                known, missing = channel.register(self.paths)
+                if missing and not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "fanfs: %d of %d hinted paths are not in the mount",
+                        missing,
+                        known + missing,
+                    )
+            self._channel.send_indices(order)
         except (OSError, FanfsError) as exc:
             return self._lost(exc)
-        if missing and not self._warned:
-            self._warned = True
-            log.warning(
-                "fanfs: %d of %d hinted paths are not in the mount", missing, known + missing
-            )
         return self._channel
 
     def _lost(self, exc: Exception) -> None:

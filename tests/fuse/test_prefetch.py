@@ -462,6 +462,34 @@ def test_hint_channel_reports_missing_paths(
     assert (s["hint_lists"], s["hint_entries"]) == (2, 7)
 
 
+def test_registered_paths_then_indices(
+    tree: Path, pack: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """Paths once, then each epoch's order as indices: the window follows the indices, and an
+    index past the registered paths closes the connection with a WARNING."""
+    mount = mount_factory(pack, *EXACT, "--prefetch-memory", "1MiB")
+    paths = [str(mount.mnt / rel) for rel in names(tree, "samples")] + ["samples/nope.txt"]
+    order = list(range(SAMPLES))
+    random.Random(3).shuffle(order)
+    before = stats(mount.mnt)
+    with HintChannel(str(mount.mnt)) as hints:
+        assert hints.register(paths) == (SAMPLES, 1)
+        hints.send_indices(order)
+        ahead = wait_idle(mount.mnt)
+        assert delta(ahead, before, "hint_lists") == 1
+        assert delta(ahead, before, "prefetch_buffered") == HINT_WINDOW_FILES
+        first = paths[order[0]]
+        assert read_dropping(Path(first)) == (tree / os.path.relpath(first, mount.mnt)).read_bytes()
+        assert delta(wait_idle(mount.mnt), ahead, "prefetch_used") == 1
+        with pytest.raises(UsageError) as info:
+            hints.send_indices([len(paths)])
+    assert str(info.value).startswith("%s: the mount refused the order" % mount.mnt)
+    assert any(
+        "index %d past the %d registered paths" % (len(paths), len(paths)) in line
+        for line in mount.log_lines("WARNING")
+    )
+
+
 def test_no_hint_channel_without_prefetch(pack: Path, mount_factory: Callable[..., Mount]) -> None:
     mount = mount_factory(pack, "--prefetch", "off")
     with pytest.raises(UsageError) as info:
