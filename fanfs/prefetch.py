@@ -46,6 +46,7 @@ import trio
 
 from fanfs import shared as sh
 from fanfs.cache import MinioCache
+from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ FILE_STREAMS: Final = 32
 MAX_WINDOW_BYTES: Final = 32 * 1024 * 1024
 # Read-ahead work per thread hand-off: decoded bytes of the chunks a worker takes at once.
 BATCH_BYTES: Final = 1024 * 1024
+# Read-ahead of other nodes' chunks per batch: fetched all at once, so the MPI thread can
+# coalesce them (its messages carry up to 4 MiB).
+REMOTE_BATCH_BYTES: Final = 4 * 1024 * 1024
 # Background fill: stored bytes read and decoded per step.
 FILL_BATCH_BYTES: Final = 1024 * 1024
 
@@ -296,20 +300,33 @@ class Prefetcher:
                 nursery.start_soon(self._fill_cache)
 
     async def _worker(self) -> None:
-        store = self.store
         while True:
             while not self._jobs:
                 await self._lot.park()
-            local, remote = self._next_batch()
-            # Each loaded chunk is made readable at once (before the next await): a READ
-            # arriving meanwhile must find it rather than load it a second time.
-            loaded = self._keep(await store.prefetch_local(local, self._limiter)) if local else []
-            for entry, chunk_no in remote:  # one peer round trip each (coalesced by MPI)
-                data = await store.prefetch(entry, chunk_no, self._limiter)
-                if data is not None:
-                    loaded += self._keep([(entry, chunk_no, data)])
-            if loaded:
-                await self._push(loaded)
+            try:
+                await self._work(*self._next_batch())
+            except Exception:  # a bug here must cost read-ahead, never the mount
+                log.exception("read-ahead failed (reads are not affected)", extra=LOG_ONCE)
+
+    async def _work(self, local: list[tuple[int, int]], remote: list[tuple[int, int]]) -> None:
+        # Each loaded chunk is made readable at once (before the next await): a READ
+        # arriving meanwhile must find it rather than load it a second time.
+        loaded = self._keep(await self.store.prefetch_local(local, self._limiter)) if local else []
+        if remote:
+            # All at once: the MPI thread sends the requests queued for one owner as one
+            # message, so a batch of read-ahead costs a message per owner, not per chunk.
+            async with trio.open_nursery() as nursery:
+                for entry, chunk_no in remote:
+                    nursery.start_soon(self._fetch_remote, entry, chunk_no, loaded)
+        if loaded:
+            await self._push(loaded)
+
+    async def _fetch_remote(
+        self, entry: int, chunk_no: int, loaded: list[tuple[int, int, bytes | memoryview]]
+    ) -> None:
+        data = await self.store.prefetch(entry, chunk_no, self._limiter)
+        if data is not None:
+            loaded += self._keep([(entry, chunk_no, data)])
 
     def _next_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """Up to BATCH_BYTES of queued chunks that no reader has got to yet."""
@@ -317,7 +334,7 @@ class Prefetcher:
         local: list[tuple[int, int]] = []
         remote: list[tuple[int, int]] = []
         nbytes = 0
-        while self._jobs and nbytes < BATCH_BYTES:
+        while self._jobs and nbytes < (REMOTE_BATCH_BYTES if remote else BATCH_BYTES):
             entry, chunk_no, ahead, position = self._jobs.popleft()
             cid = self.index.first[entry] + chunk_no
             if cid not in self._queued or position <= ahead.last:
