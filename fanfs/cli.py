@@ -211,7 +211,9 @@ def _cmd_mount(args: argparse.Namespace) -> int:
 def _cmd_umount(args: argparse.Namespace) -> int:
     from fanfs.umount import umount
 
-    umount(args.mountpoint, lazy=args.lazy)
+    note = umount(args.mountpoint, lazy=args.lazy)
+    if note:
+        print("fanfs umount: %s" % note, file=sys.stderr)
     return 0
 
 

@@ -6,6 +6,7 @@ Works for live and dead (crashed, ENOTCONN) mounts alike. Never imports pyfuse3.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -26,13 +27,25 @@ def _daemon_pid(mountpoint: str) -> int | None:
         return None
 
 
-def umount(mountpoint: str, *, lazy: bool = False) -> None:
+def _cluster_rank(mountpoint: str) -> int | None:
+    """The MPI rank serving `mountpoint`, or None for a single-node mount."""
+    try:
+        rank = json.loads(os.getxattr(mountpoint, "user.fanfs.stats")).get("rank")
+    except (OSError, ValueError):
+        return None
+    return rank if isinstance(rank, int) else None
+
+
+def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
+    """Unmount; returns a note for the user, if any (a cluster rank's daemon outlives its
+    mount until the job ends)."""
     entry = find_mount(mountpoint)
     if entry is None:
         raise UsageError("%s is not mounted" % mountpoint)
     if entry.fstype != "fuse.fanfs":
         raise UsageError("%s is not a fanfs mount (it is %s)" % (mountpoint, entry.fstype))
     pid = _daemon_pid(mountpoint)
+    rank = _cluster_rank(mountpoint)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise MountSetupError("fusermount3 not found (install the fuse3 package)")
@@ -43,8 +56,17 @@ def umount(mountpoint: str, *, lazy: bool = False) -> None:
         if "busy" in message.lower():
             raise MountSetupError("%s is busy (files are open); close them, or use --lazy" % mountpoint)
         raise MountSetupError("cannot unmount %s: %s" % (mountpoint, message))
+    if rank is not None:
+        # It stops serving its partitions to the other ranks now, but MPI lets its process
+        # exit only with the job (MPI_Finalize waits for every rank).
+        return (
+            "%s unmounted; its cluster daemon (rank %d%s) exits when the job ends (stop the job "
+            "with SIGTERM to mpirun or srun: docs/cluster.md)"
+            % (mountpoint, rank, ", pid %d" % pid if pid else "")
+        )
     if pid is not None and not lazy:
         _wait_exit(pid)
+    return None
 
 
 def _alive(pid: int) -> bool:

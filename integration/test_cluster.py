@@ -646,3 +646,22 @@ def test_missing_mountpoint_on_one_rank_stops_every_rank(mpi_jobs: StartJob, tre
         assert job.log_lines(rank, "CRITICAL") == [] and "fanfs.mount: mounted" not in job.log(
             rank
         ), job.log(rank)
+
+
+@pytest.mark.timeout(150)
+def test_fanfs_umount_of_each_rank_ends_the_job(mpi_jobs: StartJob, tree: Tree) -> None:
+    """`fanfs umount` on a rank's mount succeeds at once and says the daemon lives on until
+    the job ends (MPI_Finalize waits for every rank); unmounting every rank ends the job."""
+    job = mpi_jobs(tree.pack, 3)
+    pids = dict(job.pids)
+    for rank in range(3):
+        result = run_fanfs("umount", job.mnt[rank])
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == (
+            "fanfs umount: %s unmounted; its cluster daemon (rank %d, pid %d) exits when the job "
+            "ends (stop the job with SIGTERM to mpirun or srun: docs/cluster.md)\n"
+            % (job.mnt[rank], rank, pids[rank])
+        )
+        assert fanfs_test_mounts(job.mnt[rank]) == []
+    assert job.proc is not None
+    assert job.proc.wait(60) == 0, job.diagnostics()
