@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -182,9 +183,29 @@ def _mount_type(path: Path) -> str | None:
 class Job:
     """`mpirun -np RANKS fanfs mount` with one mountpoint and cache dir per rank."""
 
-    def __init__(self, workdir: Path, pack_dir: Path, window_ms: float, cache_size: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        pack_dir: Path,
+        window_ms: float,
+        cache_size: str,
+        options: Sequence[str] | None = None,
+    ) -> None:
         self.workdir, self.pack_dir, self.window_ms = workdir, pack_dir, window_ms
         self.cache_size = cache_size
+        # Prefetch and cache options; by default both off, so that every run reaches the peers.
+        self.options = (
+            list(options)
+            if options is not None
+            else [
+                "--prefetch",
+                "off",
+                "--cache-memory",
+                "0",
+                "--prefetch-memory",
+                cache_size,
+            ]
+        )
         self.mnt = [workdir / ("mnt%d" % r) for r in range(RANKS)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []
@@ -208,12 +229,7 @@ class Job:
             "fsname=" + FSNAME,
             "--coalesce-window",
             str(self.window_ms),
-            "--prefetch",
-            "off",
-            "--cache-memory",
-            "0",
-            "--prefetch-memory",
-            self.cache_size,
+            *self.options,
         ]
 
     def __enter__(self) -> Job:
