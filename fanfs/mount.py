@@ -476,7 +476,7 @@ def _serve_until_unmounted(
 
 def _fork_filler(pyfuse3: Any, store: Any, slot: int, *, push: bool) -> int:
     """Fork the background filler of the MinIO cache (prefetch.CacheFiller): lowest CPU
-    priority, its own counter row; it starts at the mount's first READ and exits
+    priority, its own counter row; it starts at the mount's first LOOKUP or READ and exits
     when the cache is full, the node's chunks are all in it, or the mount ends. Called before
     any thread exists (fork and threads do not mix)."""
     parent = os.getpid()
@@ -507,11 +507,17 @@ def _run_filler(store: Any, parent: int, notify: Any) -> None:
     def orphaned() -> bool:
         return os.getppid() != parent
 
-    while not store.shared.totals()["reads"]:
+    # Start with the job: its first LOOKUP or READ (a loader lists its dataset before it
+    # reads; the filler then gets that head start).
+    while not _job_started(store.shared.totals()):
         if orphaned():
             return
-        time.sleep(0.1)
+        time.sleep(0.05)
     CacheFiller(store, notify).run(orphaned)
+
+
+def _job_started(totals: dict[str, int]) -> bool:
+    return bool(totals["reads"] or totals["lookups"])
 
 
 def _nonblocking_session(pyfuse3: Any) -> None:

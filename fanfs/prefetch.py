@@ -17,8 +17,8 @@ What it learns from the READs a serving process sees (DESIGN.md section 6):
   that reads reveal).
 - **Background fill** (`CacheFiller`): while the shared MinIO object cache has room, the
   node's chunks are decoded into it in storage order (bulk sequential reads of the pack),
-  starting at the first READ, by a process of its own at the lowest CPU priority (a thread in
-  cluster mode). A random epoch then hits the cache for every object it holds, and the fill
+  from the job's first LOOKUP or READ, by a process of its own at the lowest CPU priority
+  (in cluster mode a thread, from the first READ). A random epoch then hits the cache for every object it holds, and the fill
   uses cores the readers leave idle (the training step's compute).
 
 Where prefetched data goes (`into`): "kernel" pushes it into the kernel's page cache with
