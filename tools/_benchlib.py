@@ -143,7 +143,8 @@ def _npy_like(rng: np.random.Generator, size: int) -> bytes:
     return header_bytes + values.tobytes()
 
 
-_WORDS = (
+# Caption words of the generated annotation files (bench_read.py, bench_loader.py).
+CAPTION_WORDS = (
     "a",
     "the",
     "small",
@@ -174,11 +175,11 @@ def _json_like(rng: np.random.Generator, size: int) -> bytes:
     boxes = np.round(rng.uniform(0, 640, (count, 4)), 2)
     cats = rng.integers(0, CLASS_COUNT, count)
     scores = rng.random(count)
-    words = rng.integers(0, len(_WORDS), (count, 5))
+    words = rng.integers(0, len(CAPTION_WORDS), (count, 5))
     lines = [
         '{"image_id": %d, "bbox": [%.2f, %.2f, %.2f, %.2f], "category": "class_%03d", '
         '"score": %.4f, "caption": "%s"}'
-        % (ids[i], *boxes[i], cats[i], scores[i], " ".join(_WORDS[w] for w in words[i]))
+        % (ids[i], *boxes[i], cats[i], scores[i], " ".join(CAPTION_WORDS[w] for w in words[i]))
         for i in range(count)
     ]
     return "\n".join(lines).encode()[:size]

@@ -130,34 +130,14 @@ def _array_like(rng: np.random.Generator, size: int) -> bytes:
     return head + walk.tobytes()
 
 
-_WORDS = [
-    "a",
-    "the",
-    "small",
-    "red",
-    "dog",
-    "car",
-    "on",
-    "road",
-    "grass",
-    "two",
-    "people",
-    "near",
-    "large",
-    "white",
-    "building",
-    "tree",
-]
-
-
 def _text_like(rng: np.random.Generator, size: int) -> bytes:
     # Annotation lines (~4x with zstd), cut to `size`.
     count = size // 60 + 1
     ids = rng.integers(0, 1_000_000, count)
     boxes = rng.integers(0, 640, (count, 4))
-    words = rng.integers(0, len(_WORDS), (count, 4))
+    words = rng.integers(0, len(bl.CAPTION_WORDS), (count, 4))
     lines = [
-        "%07d,%d,%d,%d,%d,%s" % (ids[i], *boxes[i], " ".join(_WORDS[w] for w in words[i]))
+        "%07d,%d,%d,%d,%d,%s" % (ids[i], *boxes[i], " ".join(bl.CAPTION_WORDS[w] for w in words[i]))
         for i in range(count)
     ]
     return "\n".join(lines).encode()[:size]
