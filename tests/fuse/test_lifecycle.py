@@ -470,3 +470,30 @@ def test_mount_help() -> None:
         "4 mount setup failed",
     ):
         assert needle.lower() in out.lower(), needle
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--prefetch-memory", "100KiB"],
+            "--prefetch-memory must be at least 1MiB (to stop prefetching: --prefetch off)",
+        ),
+        (
+            ["--cache-memory", "lots"],
+            "invalid size 'lots' (expected a number with an optional unit such as 4MiB)",
+        ),
+    ],
+)
+def test_bad_cache_and_prefetch_sizes_are_usage_errors(
+    args: list[str], message: str, edge_pack: Path, tmp_path: Path
+) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_fanfs("mount", *args, edge_pack, mnt)
+    assert (result.returncode, result.stderr, result.stdout) == (
+        2,
+        "fanfs mount: error: %s\n" % message,
+        "",
+    )
+    assert mountinfo(mnt) is None
