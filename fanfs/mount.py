@@ -138,11 +138,29 @@ def _import_pyfuse3() -> Any:
     return pyfuse3
 
 
-def _default_logfile(mountpoint: str) -> str:
+def _runtime_dir() -> str:
+    """The per-user directory for daemon logs and hint sockets (mode 0700)."""
     directory = "/tmp/fanfs-%d" % os.getuid()
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    digest = hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:8]
-    return os.path.join(directory, "mount%s-%s.log" % (mountpoint.replace("/", "-"), digest))
+    return directory
+
+
+def _mount_digest(mountpoint: str, length: int) -> str:
+    return hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:length]
+
+
+def _default_logfile(mountpoint: str) -> str:
+    name = "mount%s-%s.log" % (mountpoint.replace("/", "-"), _mount_digest(mountpoint, 8))
+    return os.path.join(_runtime_dir(), name)
+
+
+def _hints_socket_path(mountpoint: str, cache_dir: str | None) -> str:
+    """Where the hint socket of a mount lives, outside the dataset namespace: the cache dir
+    in cluster mode, else the runtime directory (a short name: socket paths are limited to
+    107 bytes)."""
+    if cache_dir:
+        return os.path.join(cache_dir, "hints.sock")
+    return os.path.join(_runtime_dir(), "hints-%s.sock" % _mount_digest(mountpoint, 12))
 
 
 def mount_from_args(args: argparse.Namespace) -> int:
@@ -357,7 +375,6 @@ def _build_operations(
 ) -> tuple[Any, Any]:
     from fanfs.cache import MinioCache, make_cache
     from fanfs.operations import Operations
-    from fanfs.prefetch import hints_socket_path
     from fanfs.store import ChunkStore
 
     processes = serving_processes(pyfuse3, config)
@@ -392,7 +409,7 @@ def _build_operations(
         "filler": filler,
     }
     if config.prefetch:
-        info["hints"] = hints_socket_path(config.mountpoint, config.cache_dir)
+        info["hints"] = _hints_socket_path(config.mountpoint, config.cache_dir)
     ops = Operations(
         store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None
     )

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import stat
 import threading
 from collections.abc import Callable
@@ -136,7 +135,6 @@ class Prefetcher:
         self.chunk_size = store.chunk_size
         self.counters = store.shared.counters
         self.memory = memory
-        self.into = into
         self.notify = notify if into == "kernel" else None
         self.workers = workers
         self.max_window = max(min(memory // 4, MAX_WINDOW_BYTES), self.chunk_size)
@@ -517,16 +515,3 @@ def default_memory(available: int) -> int:
 def default_cache_memory(available: int) -> int:
     """--cache-memory default: 1/8 of available memory, at most 32 GiB."""
     return min(available // 8, 32 << 30)
-
-
-def hints_socket_path(mountpoint: str, cache_dir: str | None) -> str:
-    """Where the hint socket of a mount lives: the cache dir in cluster mode, else the
-    per-user runtime directory (both outside the dataset namespace)."""
-    if cache_dir:
-        return os.path.join(cache_dir, "hints.sock")
-    import hashlib
-
-    directory = "/tmp/fanfs-%d" % os.getuid()
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    digest = hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:12]
-    return os.path.join(directory, "hints-%s.sock" % digest)

@@ -791,12 +791,17 @@ def summarize_main(
                     "samples_per_s": statistics.median(r["samples_per_s"] for r in recs),
                     "stall": statistics.median(r["stall"] for r in recs),
                     "ratio_to_raw": statistics.median(paired) if paired else None,
-                    "spread": (max(times) - min(times)) / statistics.median(times),
+                    "spread": _spread(times),
                     "counters": _median_counters(recs),
                     "repeats": len(recs),
                 }
             )
     return rows
+
+
+def _spread(times: Sequence[float]) -> float:
+    """(max - min) / median of a cell's epoch times."""
+    return (max(times) - min(times)) / statistics.median(times)
 
 
 def summarize_oversize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -820,7 +825,7 @@ def summarize_oversize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                     "samples_per_s": statistics.median(r["samples_per_s"] for r in cell),
                     "stall": statistics.median(r["stall"] for r in cell),
                     "hit_rate": statistics.median(hits) if hits else None,
-                    "spread": (max(times) - min(times)) / statistics.median(times),
+                    "spread": _spread(times),
                     "counters": _median_counters(cell),
                     "repeats": len(cell),
                 }
