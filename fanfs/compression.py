@@ -1,7 +1,8 @@
 """Codecs: compress at pack time, decompress on the read path.
 
 Owns the codec registry (name <-> on-disk id), one-shot compress/decompress with per-thread
-contexts, zstd dictionaries (training, and compressing and decoding with them), and the
+contexts, dictionaries (trained by zstd; zstd uses them whole, lz4 as the history before the
+object, its last 64 KiB), and the
 translation of each library's exception into `DecompressionError`. Never does I/O and never
 knows about partitions, FUSE or MPI.
 
@@ -35,6 +36,8 @@ CODEC_BROTLI: Final = 3
 # decode speed on every data set measured (docs/format.md section 6).
 CODEC_LZMA: Final = 4
 
+# Codecs a chunk may use a dictionary with (format version 3 added lz4).
+DICT_CODECS: Final = frozenset({CODEC_ZSTD, CODEC_LZ4})
 CODEC_NAMES: Final = {
     CODEC_NONE: "none",
     CODEC_LZ4: "lz4",
@@ -156,16 +159,20 @@ def _lzma_filters(level: int, size: int) -> list[dict[str, int]]:
 def compress(data: bytes | memoryview, spec: CodecSpec, dictionary: bytes | None = None) -> bytes:
     """Compress `data` with `spec`; `none` returns the bytes unchanged.
 
-    `dictionary` (zstd only) is a dictionary from `train_dictionary`; the frame records its id.
+    `dictionary` (zstd and lz4) is a dictionary from `train_dictionary`: a zstd frame records
+    its id; an lz4 block refers back into its last 64 KiB as if they preceded the object.
     """
     if spec.codec_id == CODEC_ZSTD:
         return _zstd_compressor(spec.level, dictionary).compress(data)
-    if dictionary is not None:
-        raise ValueError("only zstd takes a dictionary, not %s" % spec)
     if spec.codec_id == CODEC_LZ4:
+        extra = {"dict": dictionary} if dictionary is not None else {}
         if spec.level:
-            return lz4.block.compress(data, store_size=False, mode="high_compression", compression=spec.level)
-        return lz4.block.compress(data, store_size=False)
+            return lz4.block.compress(
+                data, store_size=False, mode="high_compression", compression=spec.level, **extra
+            )
+        return lz4.block.compress(data, store_size=False, **extra)
+    if dictionary is not None:
+        raise ValueError("only zstd and lz4 take a dictionary, not %s" % spec)
     if spec.codec_id == CODEC_BROTLI:
         return brotli.compress(bytes(data), quality=spec.level)
     if spec.codec_id == CODEC_LZMA:
@@ -209,7 +216,7 @@ def decompress(
     Returns `stored` itself for codec `none` (no copy). `dictionary` is the zstd dictionary
     the object was compressed with (None for none). Raises `DecompressionError` for a codec
     error, a wrong decoded size, an unknown codec id or a dictionary on a codec other than
-    zstd.
+    zstd and lz4.
     """
     if codec_id == CODEC_NONE and dictionary is None:
         out: bytes | memoryview = stored
@@ -217,12 +224,16 @@ def decompress(
         try:
             if codec_id == CODEC_ZSTD:
                 out = _zstd_decompressor(dictionary).decompress(stored, max_output_size=size)
+            elif codec_id == CODEC_LZ4:
+                if dictionary is None:
+                    out = lz4.block.decompress(stored, uncompressed_size=size)
+                else:
+                    out = lz4.block.decompress(stored, uncompressed_size=size, dict=dictionary)
             elif dictionary is not None:
                 raise DecompressionError(
-                    "%s chunk refers to a dictionary (only zstd takes one)" % CODEC_NAMES.get(codec_id, "unknown codec")
+                    "%s chunk refers to a dictionary (only zstd and lz4 take one)"
+                    % CODEC_NAMES.get(codec_id, "unknown codec")
                 )
-            elif codec_id == CODEC_LZ4:
-                out = lz4.block.decompress(stored, uncompressed_size=size)
             elif codec_id == CODEC_BROTLI:
                 out = brotli.decompress(stored)
             elif codec_id == CODEC_LZMA:

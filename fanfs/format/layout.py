@@ -3,7 +3,7 @@
 A pack is a directory (docs/format.md):
     fanfs.manifest   header (magic, version, length, crc32) + canonical JSON
     index            little-endian column arrays (entries, chunks, names blob, and from
-                     version 2 the zstd dictionaries blob the chunks' `dict` column refers to)
+                     version 2 the dictionaries blob the chunks' `dict` column refers to)
     part-NNNNN       partitions: concatenated stored (compressed or raw) chunks
 Never does I/O beyond reading and writing the manifest file itself.
 """
@@ -22,9 +22,11 @@ from fanfs.errors import PackFormatError, PackVersionError, UsageError
 MAGIC: Final = b"FANFSPK\n"
 # Version written. Version 2 added zstd dictionaries (the index's `dicts` blob, the chunk
 # column `dict`, the manifest's `dictionaries`), the manifest's `plan` and codec 4 (lzma).
-FORMAT_VERSION: Final = 2
-# Versions read. A version-1 pack reads as a version-2 pack without dictionaries.
-READABLE_VERSIONS: Final = (1, 2)
+# Version 3 lets lz4 chunks refer to a dictionary too (a reader of version 2 would fail them).
+FORMAT_VERSION: Final = 3
+# Versions read. A version-1 pack reads as a version-2 pack without dictionaries; version 2
+# reads as version 3.
+READABLE_VERSIONS: Final = (1, 2, 3)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 _HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
@@ -50,7 +52,7 @@ CHUNK_COLUMNS: Final = (
     ("csize", "<u4"),  # stored (compressed) size in bytes
     ("codec", "<u1"),  # codec id (compression.CODEC_*)
     ("crc32", "<u4"),  # zlib crc32 of the stored bytes
-    ("dict", "<u2"),  # zstd dictionary id (manifest `dictionaries`), 0 = none; version 2
+    ("dict", "<u2"),  # dictionary id (manifest `dictionaries`), 0 = none; version 2 (zstd), 3 (lz4)
 )
 # Version 1 had no `dict` column.
 CHUNK_COLUMNS_V1: Final = CHUNK_COLUMNS[:-1]

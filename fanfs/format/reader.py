@@ -34,7 +34,7 @@ class PackReader:
         manifest: the decoded manifest.
         index: the loaded `Index`.
         chunk_size: uncompressed size of every chunk but the last of each file.
-        format_version: the pack's format version (1 or 2).
+        format_version: the pack's format version (1, 2 or 3).
     """
 
     def __init__(self, path: str, *, local: Collection[int] | None = None) -> None:

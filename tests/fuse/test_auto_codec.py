@@ -1,5 +1,5 @@
-"""`fanfs pack --codec auto` through a real mount: small JSON files stored with a zstd
-dictionary, incompressible files stored raw, a large file in several chunks; every file reads
+"""`fanfs pack --codec auto` through a real mount: small JSON files stored with a dictionary
+(zstd, or lz4 since format version 3), incompressible files stored raw, a large file in several chunks; every file reads
 back byte for byte (whole, and in odd-sized pieces), and the per-file codec xattr says what the
 plan chose."""
 
@@ -40,13 +40,20 @@ def _tree(root: Path) -> dict[str, bytes]:
     return files
 
 
-def test_auto_pack_with_dictionary_reads_back_through_the_mount(tmp_path: Path, mount_factory) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("candidates", "chosen", "xattr"),
+    [("lz4 zstd:3 zstd:9+dict", "zstd:9+dict", b"zstd"), ("lz4 lz4hc:9+dict", "lz4hc:9+dict", b"lz4")],
+    ids=["zstd", "lz4"],
+)
+def test_auto_pack_with_dictionary_reads_back_through_the_mount(  # type: ignore[no-untyped-def]
+    tmp_path: Path, mount_factory, candidates: str, chosen: str, xattr: bytes
+) -> None:
     src = tmp_path / "src"
     files = _tree(src)
     pack = tmp_path / "auto.fan"
     result = run_fanfs(
         "pack", src, pack, "-q", "--codec", "auto", "--chunk-size", "64KiB",
-        "--codecs", "lz4 zstd:3 zstd:9+dict", "--max-overhead", "1000%",
+        "--codecs", candidates, "--max-overhead", "1000%",
         "--read-mbps", "100", "--read-latency-ms", "1", "--time-budget", "5",
     )
     assert result.returncode == 0, result.stderr
@@ -54,7 +61,7 @@ def test_auto_pack_with_dictionary_reads_back_through_the_mount(tmp_path: Path, 
     manifest = json.loads(inspect.stdout)
     assert [d["class"] for d in manifest["dictionaries"]] == ["ann/*.json"]
     codecs = {row["class"]: row["codec"] for row in manifest["plan"]["classes"]}
-    assert codecs["ann/*.json"] == "zstd:9+dict"
+    assert codecs["ann/*.json"] == chosen
     assert codecs["images/*.jpg"] == "none"
 
     mount = mount_factory(pack)
@@ -68,6 +75,6 @@ def test_auto_pack_with_dictionary_reads_back_through_the_mount(tmp_path: Path, 
             out += piece
             pos += len(piece)
     assert bytes(out) == files["corpus.txt"]
-    assert os.getxattr(mount.mnt / "ann/0007.json", "user.fanfs.codec") == b"zstd"
+    assert os.getxattr(mount.mnt / "ann/0007.json", "user.fanfs.codec") == xattr
     assert os.getxattr(mount.mnt / "images/003.jpg", "user.fanfs.codec") == b"none"
     assert mount.log_lines("ERROR") == []

@@ -1,5 +1,6 @@
-"""zstd dictionaries: training, compressing and decoding with them, storing them in a pack
-(format version 2) and reading every object back byte for byte; lz4hc and lzma round trips."""
+"""Dictionaries: training, compressing and decoding with them (zstd, and lz4 since format
+version 3), storing them in a pack and reading every object back byte for byte; lz4hc and
+lzma round trips."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from fanfs.compression import (
+    CODEC_BROTLI,
     CODEC_LZ4,
     CODEC_LZMA,
+    CODEC_NAMES,
     CODEC_NONE,
-    CODEC_ZSTD,
     compress,
     compress_object,
     decompress,
@@ -23,6 +25,7 @@ from fanfs.compression import (
     train_dictionary,
 )
 from fanfs.errors import DecompressionError, PackFormatError
+from fanfs.format.layout import FORMAT_VERSION
 from fanfs.format.reader import PackReader
 from fanfs.optimizer import PlanSettings, ReadModel, parse_candidates
 from fanfs.pack import PackOptions, run_pack
@@ -61,40 +64,47 @@ def test_too_little_to_train_on() -> None:
     assert train_dictionary([b"x"] * 100) is None
 
 
-def test_dictionary_round_trip_and_gain(dictionary: bytes) -> None:
-    spec = parse_codec("zstd:3")
+@pytest.mark.parametrize("text", ["zstd:3", "lz4", "lz4hc:9"])
+def test_dictionary_round_trip_and_gain(text: str, dictionary: bytes) -> None:
+    spec = parse_codec(text)
     plain = with_dict = 0
     for data in RECORDS[200:]:
         codec, stored = compress_object(data, spec, dictionary)
-        assert codec == CODEC_ZSTD
+        assert codec == spec.codec_id
         assert bytes(decompress(codec, memoryview(stored), len(data), dictionary)) == data
         with_dict += len(stored)
         plain += len(compress(data, spec))
     assert with_dict < 0.7 * plain  # held-out records: the dictionary really helps
 
 
-def test_small_record_is_not_called_incompressible_with_a_dictionary(dictionary: bytes) -> None:
-    record = RECORDS[300]
-    assert compress_object(record, parse_codec("zstd:19"), dictionary)[0] == CODEC_ZSTD
+@pytest.mark.parametrize("text", ["zstd:19", "lz4hc:9"])
+def test_small_record_is_not_called_incompressible_with_a_dictionary(text: str, dictionary: bytes) -> None:
+    spec = parse_codec(text)
+    assert compress_object(RECORDS[300], spec, dictionary)[0] == spec.codec_id
 
 
-def test_decoding_without_the_dictionary_fails(dictionary: bytes) -> None:
+@pytest.mark.parametrize("text", ["zstd:3", "lz4hc:9"])
+def test_decoding_without_the_dictionary_fails(text: str, dictionary: bytes) -> None:
+    spec = parse_codec(text)
     data = RECORDS[250]
-    stored = compress(data, parse_codec("zstd:3"), dictionary)
-    with pytest.raises(DecompressionError, match="^zstd: "):
-        decompress(CODEC_ZSTD, stored, len(data))
+    stored = compress(data, spec, dictionary)
+    with pytest.raises(DecompressionError, match="^%s: " % CODEC_NAMES[spec.codec_id]):
+        decompress(spec.codec_id, stored, len(data))
 
 
-@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_LZ4])
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_BROTLI, CODEC_LZMA])
 def test_dictionary_on_another_codec_is_corruption(codec: int, dictionary: bytes) -> None:
-    name = {CODEC_NONE: "none", CODEC_LZ4: "lz4"}[codec]
-    with pytest.raises(DecompressionError, match="^%s chunk refers to a dictionary" % name):
+    name = {CODEC_NONE: "none", CODEC_BROTLI: "brotli", CODEC_LZMA: "lzma"}[codec]
+    with pytest.raises(
+        DecompressionError, match=r"^%s chunk refers to a dictionary \(only zstd and lz4 take one\)$" % name
+    ):
         decompress(codec, b"abc", 3, dictionary)
 
 
-def test_only_zstd_compresses_with_a_dictionary(dictionary: bytes) -> None:
-    with pytest.raises(ValueError, match="only zstd"):
-        compress(b"x" * 100, parse_codec("lz4"), dictionary)
+@pytest.mark.parametrize("text", ["brotli:5", "lzma:6"])
+def test_only_zstd_and_lz4_compress_with_a_dictionary(text: str, dictionary: bytes) -> None:
+    with pytest.raises(ValueError, match="^only zstd and lz4 take a dictionary, not %s$" % text):
+        compress(b"x" * 100, parse_codec(text), dictionary)
 
 
 @pytest.mark.parametrize("text", ["lz4hc", "lz4hc:3", "lz4hc:12", "lzma:0", "lzma", "lzma:9"])
@@ -116,8 +126,9 @@ def test_lzma_corrupt_input() -> None:
 # --- in a pack --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def auto_pack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=["zstd:3", "lz4hc:9"])
+def auto_pack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A pack whose plan gives the JSON records codec+dict (the param) and the images none."""
     base = tmp_path_factory.mktemp("dicts")
     src = base / "src"
     rng = random.Random(9)
@@ -131,7 +142,7 @@ def auto_pack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     settings = PlanSettings(
         max_overhead=1000.0,
         read_model=ReadModel(1e-3, 1e8, "given"),
-        candidates=parse_candidates("zstd:3 zstd:3+dict"),
+        candidates=parse_candidates(f"{request.param} {request.param}+dict"),
         time_budget_s=5,
     )
     out = base / "auto.fan"
@@ -146,13 +157,14 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
     reader = PackReader(str(out))
     try:
         manifest = reader.manifest
-        assert manifest["format_version"] == 2
+        assert manifest["format_version"] == FORMAT_VERSION == 3
         assert manifest["options"]["codec"] == "auto"
         assert [d["class"] for d in manifest["dictionaries"]] == ["ann/*.json"]
         assert reader.dictionary_count == 1
         assert zlib.crc32(reader.dictionary(1) or b"") == manifest["dictionaries"][0]["crc32"]
         rows = {row["class"]: row for row in manifest["plan"]["classes"]}
-        assert rows["ann/*.json"]["codec"] == "zstd:3+dict"
+        codec = rows["ann/*.json"]["codec"]
+        assert codec in ("zstd:3+dict", "lz4hc:9+dict")
         assert rows["images/*.jpg"]["codec"] == "none"
         assert rows["ann/*.json"]["realised"]["bytes_in"] == sum(len(r) for r in RECORDS)
         index = reader.index
@@ -165,6 +177,8 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
             data = decompress(index.chunk_codec[cid], stored, index.size[entry], reader.dictionary(index.chunk_dict[cid]))
             assert bytes(data) == (src / index.path(entry).decode()).read_bytes()
             seen_dict += index.chunk_dict[cid] == 1
+            if index.path(entry).startswith(b"ann/"):
+                assert index.chunk_codec[cid] == parse_codec(codec.removesuffix("+dict")).codec_id
             if index.path(entry).startswith(b"images/"):
                 assert (index.chunk_codec[cid], index.chunk_dict[cid]) == (CODEC_NONE, 0)
         assert seen_dict == len(RECORDS)
@@ -184,7 +198,7 @@ def test_inspect_shows_plan_and_realised_ratio(auto_pack: tuple[Path, Path]) -> 
     assert "dictionaries 1 (" in result.stdout
     assert "codec plan (--codec auto), as planned and as realised:" in result.stdout
     row = next(line for line in result.stdout.splitlines() if line.startswith("ann/*.json"))
-    assert re.match(r"^ann/\*\.json\s+zstd:3\+dict\s+[0-9.]+x\s+[0-9.]+x", row)
+    assert re.match(r"^ann/\*\.json\s+(zstd:3|lz4hc:9)\+dict\s+[0-9.]+x\s+[0-9.]+x", row)
 
 
 def test_damaged_dictionary_is_refused(auto_pack: tuple[Path, Path], tmp_path: Path) -> None:

@@ -657,7 +657,10 @@ def test_missing_partition(pack_copy: Path) -> None:
 
 GOLDEN = sorted(DATA_DIR.glob("golden-v*/*.fan"))
 # The ids docs/format.md fixes; auto.fan (version 2) mixes zstd with and without a dictionary.
-GOLDEN_CODECS = {"zstd.fan": 2, "lz4.fan": 1, "brotli.fan": 3, "lzma.fan": 4, "auto.fan": 2}
+GOLDEN_CODECS = {"zstd.fan": 2, "lz4.fan": 1, "brotli.fan": 3, "lzma.fan": 4, "auto.fan": 2, "lz4dict.fan": 1}
+# Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
+# dictionary 1: version 3's lz4 chunks with a dictionary.
+GOLDEN_ALL_DICT = {"lz4dict.fan"}
 
 
 def test_there_is_a_golden_pack_for_the_current_format_version() -> None:
@@ -707,6 +710,9 @@ def test_golden_pack_reads_back_its_source(golden: Path) -> None:
     # Raw random data plus the pack's codec, under its on-disk id (ids are never renumbered).
     codecs = {index.chunk_codec[c] for c in range(index.chunk_count)}
     assert codecs == {CODEC_NONE, GOLDEN_CODECS[golden.name]}
+    if golden.name in GOLDEN_ALL_DICT:
+        compressed = [c for c in range(index.chunk_count) if index.chunk_codec[c] != CODEC_NONE]
+        assert len(compressed) == 64 and {index.chunk_dict[c] for c in compressed} == {1}
 
 
 @pytest.mark.parametrize("golden", GOLDEN, ids=lambda p: "%s/%s" % (p.parent.name, p.name))

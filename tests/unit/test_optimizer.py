@@ -283,10 +283,10 @@ def test_parse_percent() -> None:
 
 
 def test_parse_candidates() -> None:
-    cands = parse_candidates("zstd:3, lz4 zstd:9+dict zstd:3")
-    assert [str(c) for c in cands] == ["none", "zstd:3", "lz4", "zstd:9+dict"]
-    with pytest.raises(UsageError, match=r"^only zstd takes a dictionary \(got 'lz4\+dict'\)$"):
-        parse_candidates("lz4+dict")
+    cands = parse_candidates("zstd:3, lz4 zstd:9+dict zstd:3 lz4hc:9+dict")
+    assert [str(c) for c in cands] == ["none", "zstd:3", "lz4", "zstd:9+dict", "lz4hc:9+dict"]
+    with pytest.raises(UsageError, match=r"^only zstd and lz4 take a dictionary \(got 'brotli:5\+dict'\)$"):
+        parse_candidates("brotli:5+dict")
 
 
 # --- classes ----------------------------------------------------------------------------------
