@@ -134,44 +134,71 @@ WORDS = (
 ).split()
 
 
-def make_dataset(root: Path, seed: int) -> None:
+# The dataset's mix (`--mix`). "coco" is the first one, unchanged since the first measurement:
+# image-dominated like a detection dataset (41% of the bytes are JPEG/PNG, 3% small text).
+# "balanced" gives each kind the issue names about a quarter of the bytes: images (JPEG, PNG),
+# float arrays, text (captions, a token shard) and annotation JSON, whose records carry
+# COCO-style segmentation polygons (1-12 objects per image; COCO 2017 averages 7.3; ~4 KB).
+MIXES: dict[str, dict[str, Any]] = {
+    "coco": {"images": 600, "masks": 800, "features": 300, "captions": 800, "ann": 3000, "objects": 4, "polygons": False},
+    "balanced": {"images": 300, "masks": 800, "features": 150, "captions": 3000, "ann": 5000, "objects": 12, "polygons": True},
+}
+
+
+def _polygon(pr: random.Random) -> list[list[float]]:
+    """One COCO-style segmentation: a closed outline of 16-48 points, 2 decimals."""
+    cx, cy, r = pr.uniform(50, 590), pr.uniform(50, 430), pr.uniform(10, 120)
+    n = pr.randint(16, 48)
+    points: list[float] = []
+    for k in range(n):
+        angle = 2 * math.pi * k / n
+        radius = r * pr.uniform(0.7, 1.0)
+        points += [round(cx + radius * math.cos(angle), 2), round(cy + radius * math.sin(angle), 2)]
+    return [points]
+
+
+def make_dataset(root: Path, seed: int, mix: str = "coco") -> None:
+    counts = MIXES[mix]
     rng = np.random.default_rng(seed)
     pr = random.Random(seed)
     for d in ("images", "masks", "features", "captions", "ann", "shards"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    for i in range(600):  # JPEG-like: entropy-coded bytes behind a JFIF header
+    for i in range(counts["images"]):  # JPEG-like: entropy-coded bytes behind a JFIF header
         size = int(rng.integers(30_000, 90_000))
         (root / "images" / ("%05d.jpg" % i)).write_bytes(
             b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + rng.bytes(size) + b"\xff\xd9"
         )
-    for i in range(800):
+    for i in range(counts["masks"]):
         (root / "masks" / ("%05d.png" % i)).write_bytes(_mask(rng))
-    for i in range(300):  # embeddings saved as float32 but holding float16 values
+    for i in range(counts["features"]):  # embeddings saved as float32 but holding float16 values
         values = rng.standard_normal(32 * 1024).astype(np.float16).astype("<f4")
         (root / "features" / ("%05d.npy" % i)).write_bytes(
             b"\x93NUMPY\x01\x00v\x00" + b" " * 118 + values.tobytes()
         )
-    for i in range(800):
+    for i in range(counts["captions"]):
         lines = [
             " ".join(pr.choice(WORDS) for _ in range(pr.randint(8, 20))) + "."
             for _ in range(pr.randint(20, 50))
         ]
         (root / "captions" / ("%05d.txt" % i)).write_text("\n".join(lines))
-    for i in range(3000):
+    for i in range(counts["ann"]):
+        annotations = []
+        for _ in range(pr.randint(1, counts["objects"])):
+            annotation: dict[str, Any] = {
+                "bbox": [round(pr.uniform(0, 640), 1) for _ in range(4)],
+                "category_id": pr.randrange(80),
+                "iscrowd": 0,
+                "area": round(pr.uniform(100, 90000), 2),
+            }
+            if counts["polygons"]:
+                annotation["segmentation"] = _polygon(pr)
+            annotations.append(annotation)
         record = {
             "image_id": i,
-            "file_name": "%05d.jpg" % (i % 600),
+            "file_name": "%05d.jpg" % (i % counts["images"]),
             "height": 480,
             "width": 640,
-            "annotations": [
-                {
-                    "bbox": [round(pr.uniform(0, 640), 1) for _ in range(4)],
-                    "category_id": pr.randrange(80),
-                    "iscrowd": 0,
-                    "area": round(pr.uniform(100, 90000), 2),
-                }
-                for _ in range(pr.randint(1, 4))
-            ],
+            "annotations": annotations,
         }
         (root / "ann" / ("%05d.json" % i)).write_text(json.dumps(record))
     tokens = (rng.zipf(1.3, 6 * 1024 * 1024) % 50_000).astype("<u2")
@@ -777,7 +804,8 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", default="/tmp/fanfs-bench-codecs")
+    parser.add_argument("--workdir", default=None,
+                        help="packs, mounts and the dataset (default /tmp/fanfs-bench-codecs[-MIX])")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)")
     parser.add_argument("--calibrate-rounds", type=int, default=3)
     parser.add_argument("--readers", type=int, default=4, help="reader processes of the prefetch load (default 4)")
@@ -789,6 +817,8 @@ def main() -> int:
     parser.add_argument("--codecs", default=" ".join(SINGLE))
     parser.add_argument("--time-budget", default="30", help="the planner's --time-budget (default 30)")
     parser.add_argument("--seed", type=int, default=1, help="dataset seed (default 1)")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="coco",
+                        help="the dataset's mix of kinds (default coco; see MIXES)")
     parser.add_argument("--plan-seed", type=int, default=0, help="the planner's --seed (default 0)")
     parser.add_argument("--packs", default=None, metavar="LIST",
                         help="measure only these single-codec packs (commas) besides none and the auto packs")
@@ -809,11 +839,15 @@ def main() -> int:
         return 0
     if not set(args.settings) <= {"sync", "prefetch", "sync-src"}:
         parser.error("--settings: sync, prefetch, sync-src")
-    work = Path(args.workdir)
+    work = Path(args.workdir or "/tmp/fanfs-bench-codecs" + ("" if args.mix == "coco" else "-" + args.mix))
     src = work / "src"
+    marker = work / "mix"
+    if marker.exists() and marker.read_text() != args.mix:
+        parser.error("%s holds the %r mix, not %r: choose another --workdir" % (work, marker.read_text(), args.mix))
     if not src.exists():
         log("generating the dataset in %s", src)
-        make_dataset(src, args.seed)
+        make_dataset(src, args.seed, args.mix)
+        marker.write_text(args.mix)
     rels = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
     sizes = {r: (src / r).stat().st_size for r in rels}
     args.total_bytes = sum(sizes.values())
@@ -838,6 +872,7 @@ def main() -> int:
         return 0
     res: dict[str, Any] = {
         "host": platform.node(),
+        "mix": args.mix,
         "cores": CORES,
         "files": len(rels),
         "bytes": args.total_bytes,
