@@ -2,7 +2,7 @@
 
 Pipeline: a breadth-first walk (lstat only, symlinks never followed) builds the tree in the
 index's entry order; with `--codec auto` the optimizer then profiles a sample and picks a codec
-(and maybe a zstd dictionary) per class of files; chunks are read and compressed by a thread pool (the codecs and reads
+(and maybe a dictionary, for zstd or lz4) per class of files; chunks are read and compressed by a thread pool (the codecs and reads
 release the GIL) and consumed strictly in order, so the pack is deterministic whatever
 `--jobs` is; `PackWriter` places them; the index and manifest come last, into a temporary
 directory that is renamed over OUT only when complete. Never imports trio, pyfuse3 or mpi4py.
