@@ -16,6 +16,7 @@ import math
 import os
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -177,16 +178,33 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
     def big(stats: list[int]) -> bool:
         return stats[0] >= MIN_CLASS_FILES or stats[1] >= MIN_CLASS_SHARE * total
 
+    def ext_of(name: str) -> str:
+        return name.partition("/*")[2]
+
     kept = [n for n, st in sorted(exact.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)]
+    # Too many classes: an extension spread over many top-level directories (an ImageFolder
+    # tree has one per label) becomes one class `*/*EXT`, most-spread extension first, rather
+    # than the smallest classes (maybe whole kinds of data) falling into `(other)`.
+    collapsed: list[str] = []
+    while len(kept) + len(collapsed) > MAX_CLASSES:
+        spread = Counter(ext_of(n) for n in kept)
+        ext, count = max(spread.items(), key=lambda kv: (kv[1], kv[0]))
+        if count < 2:
+            break
+        collapsed.append("*/*" + ext)
+        kept = [n for n in kept if ext_of(n) != ext]
     kept = kept[:MAX_CLASSES]
     by_ext: dict[str, list[int]] = {}
     for name, stats in exact.items():
         if name not in kept:
-            merged = by_ext.setdefault("*/*" + name.partition("/*")[2], [0, 0])
+            merged = by_ext.setdefault("*/*" + ext_of(name), [0, 0])
             merged[0] += stats[0]
             merged[1] += stats[1]
     room = max(MAX_CLASSES - len(kept), 0)
-    kept += [n for n, st in sorted(by_ext.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)][:room]
+    rest = [n for n, st in sorted(by_ext.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)]
+    merged_kept = sorted(collapsed, key=lambda n: (-by_ext[n][1], n))
+    merged_kept += [n for n in rest if n not in collapsed]
+    kept += merged_kept[:room]
     known = set(kept)
     if any(class_of(f.rel, known) == FALLBACK_CLASS for f in files):
         kept.append(FALLBACK_CLASS)

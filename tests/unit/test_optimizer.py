@@ -318,6 +318,31 @@ def test_classes_merge_rare_ones() -> None:
     assert class_of(b"BIG.BIN", known) == "./*.bin"
 
 
+def test_an_image_folder_tree_gets_one_class_per_extension() -> None:
+    # 40 label directories x 3 kinds = 120 exact classes, all big: more than MAX_CLASSES.
+    # Each kind becomes one class; none is left to (other).
+    spec: dict[bytes, tuple[int, int]] = {}
+    for label in range(40):
+        spec[b"c%02d/#.jpg" % label] = (50, 5000)
+        spec[b"c%02d/#.npy" % label] = (40, 2500)
+        spec[b"c%02d/#.txt" % label] = (40, 2400)
+    spec[b"labels.csv"] = (1, 200_000)  # one file, a large share: stays a class of its own
+    files = _files(spec)
+    names = build_classes(files)
+    assert names == ["./*.csv", "*/*.jpg", "*/*.npy", "*/*.txt"]
+    known = set(names)
+    assert class_of(b"c07/3.npy", known) == "*/*.npy"
+    assert FALLBACK_CLASS not in names
+
+
+def test_only_the_most_spread_extensions_collapse() -> None:
+    # 30 directories of jpg (30 classes) and 3 of npy: 33 > MAX_CLASSES, so only jpg collapses.
+    spec = {b"c%02d/#.jpg" % label: (50, 5000) for label in range(30)}
+    spec.update({b"n%d/#.npy" % i: (40, 100_000) for i in range(3)})
+    names = build_classes(_files(spec))
+    assert names == ["n0/*.npy", "n1/*.npy", "n2/*.npy", "*/*.jpg"]
+
+
 # --- whole plans with injected measurements ---------------------------------------------------
 
 
