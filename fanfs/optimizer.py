@@ -62,6 +62,10 @@ MIN_CLASS_SHARE: Final = 0.01
 # At most this many classes survive (largest first); more would only lengthen the table and
 # thin the sample, and the rest merge by extension.
 MAX_CLASSES: Final = 32
+# An extension found in more top-level directories than this is one class `*/*EXT`: such
+# directories split one kind of data (labels of an ImageFolder tree, shards, dates), while a
+# few directories may hold different kinds under one extension (train/*.json, ann/*.json).
+MAX_EXT_DIRS: Final = 8
 FALLBACK_CLASS: Final = "(other)"
 # Every class gets at least this share of the sample budget whatever its size, so small
 # classes (annotations) are still measured on more than a handful of objects.
@@ -182,10 +186,12 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
         return name.partition("/*")[2]
 
     kept = [n for n, st in sorted(exact.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)]
-    # Too many classes: an extension spread over many top-level directories (an ImageFolder
-    # tree has one per label) becomes one class `*/*EXT`, most-spread extension first, rather
-    # than the smallest classes (maybe whole kinds of data) falling into `(other)`.
-    collapsed: list[str] = []
+    # An extension spread over many top-level directories becomes one class `*/*EXT`; so does
+    # the most spread one, and the next, while there are too many classes, rather than the
+    # smallest classes (maybe whole kinds of data) falling into `(other)`.
+    dirs = Counter(ext_of(n) for n in exact)
+    collapsed = sorted("*/*" + ext for ext, count in dirs.items() if count > MAX_EXT_DIRS)
+    kept = [n for n in kept if "*/*" + ext_of(n) not in collapsed]
     while len(kept) + len(collapsed) > MAX_CLASSES:
         spread = Counter(ext_of(n) for n in kept)
         ext, count = max(spread.items(), key=lambda kv: (kv[1], kv[0]))
@@ -202,7 +208,7 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
             merged[1] += stats[1]
     room = max(MAX_CLASSES - len(kept), 0)
     rest = [n for n, st in sorted(by_ext.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)]
-    merged_kept = sorted(collapsed, key=lambda n: (-by_ext[n][1], n))
+    merged_kept = sorted((n for n in collapsed if big(by_ext[n])), key=lambda n: (-by_ext[n][1], n))
     merged_kept += [n for n in rest if n not in collapsed]
     kept += merged_kept[:room]
     known = set(kept)

@@ -335,12 +335,20 @@ def test_an_image_folder_tree_gets_one_class_per_extension() -> None:
     assert FALLBACK_CLASS not in names
 
 
-def test_only_the_most_spread_extensions_collapse() -> None:
-    # 30 directories of jpg (30 classes) and 3 of npy: 33 > MAX_CLASSES, so only jpg collapses.
-    spec = {b"c%02d/#.jpg" % label: (50, 5000) for label in range(30)}
-    spec.update({b"n%d/#.npy" % i: (40, 100_000) for i in range(3)})
+def test_a_few_directories_keep_their_classes_until_there_are_too_many() -> None:
+    # 3 directories x 3 extensions: 9 classes, none merged (the directories may hold
+    # different kinds of data under one extension).
+    spec = {b"%s/#.%s" % (d, e): (40, 1000) for d in (b"a", b"b", b"c") for e in (b"jpg", b"npy", b"txt")}
+    assert len(build_classes(_files(spec))) == 9
+    # 8 directories of jpg (not more than MAX_EXT_DIRS), 7 of npy, 6 each of txt, bin and
+    # json: 33 classes > MAX_CLASSES, so only the most spread extension, jpg, collapses.
+    spec = {}
+    for ext, dirs in ((b"jpg", 8), (b"npy", 7), (b"txt", 6), (b"bin", 6), (b"json", 6)):
+        spec.update({b"d%d/#.%s" % (i, ext): (40, 1000) for i in range(dirs)})
     names = build_classes(_files(spec))
-    assert names == ["n0/*.npy", "n1/*.npy", "n2/*.npy", "*/*.jpg"]
+    assert len(names) == 26 and names[-1] == "*/*.jpg"
+    assert not any(n.endswith("/*.jpg") for n in names[:-1])
+    assert FALLBACK_CLASS not in names
 
 
 # --- whole plans with injected measurements ---------------------------------------------------
