@@ -346,10 +346,10 @@ class Operations(pyfuse3.Operations):
         if key == b"codec":
             # The codec holding most of the file's chunks: a few-byte tail chunk stored raw
             # does not make a zstd file "none".
-            from fanfs.compression import CODEC_NAMES
+            from fanfs.compression import chunk_codec_name
 
             counts = collections.Counter(index.chunk_codec[c] for c in chunks)
-            return CODEC_NAMES.get(counts.most_common(1)[0][0], "?") if counts else "none"
+            return chunk_codec_name(counts.most_common(1)[0][0]) if counts else "none"
         if key == b"stored_size":
             return str(sum(index.chunk_csize[c] for c in chunks))
         if key == b"chunks":

@@ -29,7 +29,7 @@ import numpy as np
 from fanfs import __version__
 from fanfs._progress import Progress
 from fanfs._sizes import format_size
-from fanfs.compression import CODEC_NAMES, CodecSpec, compress_object
+from fanfs.compression import CodecSpec, chunk_codec_name, compress_object
 from fanfs.errors import PackInputError, UsageError
 from fanfs.format.layout import MANIFEST_NAME, NAME_MAX
 from fanfs.format.writer import PackWriter
@@ -338,7 +338,7 @@ class Packer:
         dict_id = node.dict_id if codec != 0 else 0
         node.chunks.append((partition, offset, len(stored), codec, crc, dict_id))
         usize = min(self.opts.chunk_size, node.st.st_size - (len(node.chunks) - 1) * self.opts.chunk_size)
-        name = CODEC_NAMES[codec] + ("+dict" if dict_id else "")
+        name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
         for table, key in ((self.codec_stats, name), (self.class_stats, node.cls)):
             stats = table.setdefault(key, [0, 0, 0])
             stats[0] += 1

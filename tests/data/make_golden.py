@@ -5,7 +5,8 @@
 Writes `src.tar.gz` (the source tree, with names, modes, mtimes and symlinks) and one pack per
 codec (`zstd.fan`, `lz4.fan`, `brotli.fan`; from version 2 also `lzma.fan`, and `auto.fan`,
 whose plan stores small JSON files with a zstd dictionary; from version 3 also `lz4dict.fan`,
-whose plan stores them with lz4 and a dictionary) packed from it. Commit them and never regenerate
+whose plan stores them with lz4 and a dictionary, and `shuffle.fan`, zstd after a 4-byte
+shuffle) packed from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
@@ -31,11 +32,12 @@ CODECS_V2 = {
     "lzma.fan": "lzma:6",
     "auto.fan": "auto --codecs zstd:3,zstd:19+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
 }
-# Version 3: lz4 chunks with a dictionary. The only candidate besides none is lz4hc+dict, so
-# the ann/*.json class gets the dictionary (other classes: lz4hc, no dictionary to train).
+# Version 3: lz4 chunks with a dictionary (the only candidate besides none is lz4hc+dict, so
+# the ann/*.json class gets the dictionary), and the byte shuffle in the codec byte.
 CODECS_V3 = {
     **CODECS_V2,
     "lz4dict.fan": "auto --codecs lz4hc:9+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
+    "shuffle.fan": "zstd:3+shuf4",
 }
 PACK_ARGS = [
     "--chunk-size",

@@ -657,7 +657,8 @@ def test_missing_partition(pack_copy: Path) -> None:
 
 GOLDEN = sorted(DATA_DIR.glob("golden-v*/*.fan"))
 # The ids docs/format.md fixes; auto.fan (version 2) mixes zstd with and without a dictionary.
-GOLDEN_CODECS = {"zstd.fan": 2, "lz4.fan": 1, "brotli.fan": 3, "lzma.fan": 4, "auto.fan": 2, "lz4dict.fan": 1}
+GOLDEN_CODECS = {"zstd.fan": 2, "lz4.fan": 1, "brotli.fan": 3, "lzma.fan": 4, "auto.fan": 2, "lz4dict.fan": 1,
+                 "shuffle.fan": 0x22}
 # Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
 # dictionary 1: version 3's lz4 chunks with a dictionary.
 GOLDEN_ALL_DICT = {"lz4dict.fan"}

@@ -450,7 +450,7 @@ def test_plan_command_json(tree: Path) -> None:
         (["--decode-cores", "0"], "--decode-cores must be a positive number (got '0')"),
         (["--target-rate", "fast"], "invalid rate 'fast' (expected e.g. 2000files/s or 500MB/s)"),
         (["--codecs", "gzip"], "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], "
-         "brotli[:LEVEL] or lzma[:LEVEL])"),
+         "brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)"),
     ],
 )
 def test_plan_command_rejects_bad_options(tree: Path, args: list[str], message: str) -> None:

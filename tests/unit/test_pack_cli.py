@@ -185,7 +185,7 @@ def test_out_parent_missing(src: Path, tmp_path: Path) -> None:
     [
         (
             ["--codec", "gzip"],
-            "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL])",
+            "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)",
         ),
         (["--codec", "lz4:3"], "codec lz4 takes no level (got 'lz4:3')"),
         (
