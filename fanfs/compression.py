@@ -1,8 +1,8 @@
 """Codecs: compress at pack time, decompress on the read path.
 
-Owns the codec registry (name <-> on-disk id), one-shot compress/decompress with per-thread
-contexts, dictionaries (trained by zstd; zstd uses them whole, lz4 as the history before the
-object, its last 64 KiB), and the
+Owns the codec registry (name <-> on-disk codec byte), one-shot compress/decompress with
+per-thread contexts, dictionaries (trained by zstd; zstd uses them whole, lz4 as the history
+before the object, its last 64 KiB), the byte shuffle for numeric arrays, and the
 translation of each library's exception into `DecompressionError`. Never does I/O and never
 knows about partitions, FUSE or MPI.
 
