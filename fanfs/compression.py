@@ -107,6 +107,10 @@ class CodecSpec:
 def parse_codec(text: str) -> CodecSpec:
     """Parse a `--codec` value such as `none`, `lz4`, `lz4hc:9`, `zstd:3`, `brotli:5`, `lzma:6`,
     optionally with a byte shuffle of N-byte elements first (`lz4hc:9+shuf4`)."""
+    if "+dict" in text.lower():
+        raise UsageError(
+            "a dictionary is trained per class: give %r in --codecs with --codec auto" % text.strip()
+        )
     base, plus, shuffle_text = text.strip().lower().partition("+shuf")
     name, _, level_text = base.partition(":")
     codec_id = _CODEC_IDS.get(name)
@@ -114,7 +118,7 @@ def parse_codec(text: str) -> CodecSpec:
         raise UsageError("unknown codec %r (choose %s)" % (text, CODEC_CHOICES))
     shuffle = 0
     if plus:
-        shuffle = int(shuffle_text) if shuffle_text.isdigit() else -1
+        shuffle = int(shuffle_text) if shuffle_text.isascii() and shuffle_text.isdigit() else -1
         if shuffle not in SHUFFLE_SIZES:
             raise UsageError("invalid shuffle in %r: element sizes are 2, 4 or 8" % text)
         if codec_id == CODEC_NONE:

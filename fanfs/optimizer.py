@@ -127,10 +127,13 @@ def parse_candidates(text: str) -> tuple[Candidate, ...]:
     always in."""
     out = [NONE]
     for word in text.replace(",", " ").split():
-        use_dict = word.endswith("+dict")
-        spec = parse_codec(word.removesuffix("+dict"))
+        use_dict = "+dict" in word.lower()
+        spec = parse_codec(word.lower().replace("+dict", "", 1))
         if use_dict and spec.codec_id not in DICT_CODECS:
             raise UsageError("only zstd and lz4 take a dictionary (got %r)" % word)
+        if use_dict and spec.shuffle:
+            # The dictionary is trained on the class's bytes as they are, not shuffled.
+            raise UsageError("a dictionary does not combine with a shuffle (got %r)" % word)
         cand = Candidate(spec, use_dict)
         if cand not in out:
             out.append(cand)
@@ -193,28 +196,33 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
     # An extension spread over many top-level directories becomes one class `*/*EXT`; so does
     # the most spread one, and the next, while there are too many classes, rather than the
     # smallest classes (maybe whole kinds of data) falling into `(other)`.
+    by_ext: dict[str, list[int]] = {}  # every extension's files and bytes, as `*/*EXT`
+    for name, stats in exact.items():
+        merged = by_ext.setdefault("*/*" + ext_of(name), [0, 0])
+        merged[0] += stats[0]
+        merged[1] += stats[1]
     dirs = Counter(ext_of(n) for n in exact)
-    collapsed = sorted("*/*" + ext for ext, count in dirs.items() if count > MAX_EXT_DIRS)
+    collapsed = {"*/*" + ext for ext, count in dirs.items() if count > MAX_EXT_DIRS}
     kept = [n for n in kept if "*/*" + ext_of(n) not in collapsed]
     while len(kept) + len(collapsed) > MAX_CLASSES:
         spread = Counter(ext_of(n) for n in kept)
-        ext, count = max(spread.items(), key=lambda kv: (kv[1], kv[0]))
+        ext, count = max(spread.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))
         if count < 2:
             break
-        collapsed.append("*/*" + ext)
+        collapsed.add("*/*" + ext)
         kept = [n for n in kept if ext_of(n) != ext]
-    kept = kept[:MAX_CLASSES]
-    by_ext: dict[str, list[int]] = {}
+    # The collapsed extensions rank with the exact classes by their bytes; the rest of the
+    # files merge by extension into what room is left, then into the fallback class.
+    ranked = kept + [n for n in collapsed if big(by_ext[n]) and n not in kept]
+    kept = sorted(ranked, key=lambda n: (-(exact[n] if n in exact else by_ext[n])[1], n))[:MAX_CLASSES]
+    rest: dict[str, list[int]] = {}
     for name, stats in exact.items():
         if name not in kept:
-            merged = by_ext.setdefault("*/*" + ext_of(name), [0, 0])
+            merged = rest.setdefault("*/*" + ext_of(name), [0, 0])
             merged[0] += stats[0]
             merged[1] += stats[1]
     room = max(MAX_CLASSES - len(kept), 0)
-    rest = [n for n, st in sorted(by_ext.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st)]
-    merged_kept = sorted((n for n in collapsed if big(by_ext[n])), key=lambda n: (-by_ext[n][1], n))
-    merged_kept += [n for n in rest if n not in collapsed]
-    kept += merged_kept[:room]
+    kept += [n for n, st in sorted(rest.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st) and n not in kept][:room]
     known = set(kept)
     if any(class_of(f.rel, known) == FALLBACK_CLASS for f in files):
         kept.append(FALLBACK_CLASS)

@@ -45,6 +45,7 @@ import trio
 
 from fanfs import shared as sh
 from fanfs.cache import MinioCache
+from fanfs.compression import CODEC_NONE
 from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
 
@@ -486,7 +487,9 @@ class CacheFiller:
                 except Exception as exc:
                     log.debug("background fill skips chunk %d: %s", cid, exc)
                     continue
-                if isinstance(data, memoryview):  # a raw chunk of a resident partition
+                # A raw chunk served from the partition's mapping (a decoded chunk may be a
+                # memoryview too: an unshuffled one).
+                if store.index.chunk_codec[cid] == CODEC_NONE and isinstance(data, memoryview):
                     if self.notify is None:
                         continue
                     self._pushed_raw += len(data)

@@ -50,7 +50,7 @@ CHUNK_COLUMNS: Final = (
     ("partition", "<u4"),  # partition number
     ("offset", "<u8"),  # byte offset of the stored chunk in its partition
     ("csize", "<u4"),  # stored (compressed) size in bytes
-    ("codec", "<u1"),  # codec id (compression.CODEC_*)
+    ("codec", "<u1"),  # codec byte: compression.CODEC_* id, version 3: + log2(shuffle size) << 4
     ("crc32", "<u4"),  # zlib crc32 of the stored bytes
     ("dict", "<u2"),  # dictionary id (manifest `dictionaries`), 0 = none; version 2 (zstd), 3 (lz4)
 )

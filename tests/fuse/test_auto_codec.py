@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,7 @@ def test_auto_pack_with_dictionary_reads_back_through_the_mount(  # type: ignore
     assert mount.log_lines("ERROR") == []
 
 
-def test_shuffled_pack_reads_back_through_the_mount(tmp_path: Path, mount_factory) -> None:  # type: ignore[no-untyped-def]
-    """`--codec lz4hc:9+shuf4`: arrays shuffled before lz4 (codec byte 0x21) read back whole,
-    in a sorted walk, and in pieces across chunks; the codec xattr names the shuffle."""
+def _shuffled_pack(tmp_path: Path) -> tuple[dict[str, bytes], Path]:
     import numpy as np
 
     src = tmp_path / "src"
@@ -101,7 +100,13 @@ def test_shuffled_pack_reads_back_through_the_mount(tmp_path: Path, mount_factor
     manifest = json.loads(run_fanfs("inspect", "--json", pack).stdout)
     assert manifest["format_version"] == 3
     assert set(manifest["codec_stats"]) == {"lz4+shuf4"}
+    return files, pack
 
+
+def test_shuffled_pack_reads_back_through_the_mount(tmp_path: Path, mount_factory) -> None:  # type: ignore[no-untyped-def]
+    """`--codec lz4hc:9+shuf4`: arrays shuffled before lz4 (codec byte 0x21) read back whole,
+    in a sorted walk, and in pieces across chunks; the codec xattr names the shuffle."""
+    files, pack = _shuffled_pack(tmp_path)
     mount = mount_factory(pack)
     for rel, data in sorted(files.items()):
         with open(mount.mnt / rel, "rb", buffering=0) as f:
@@ -111,3 +116,20 @@ def test_shuffled_pack_reads_back_through_the_mount(tmp_path: Path, mount_factor
         pieces = [os.pread(f.fileno(), 30_001, pos) for pos in range(0, len(files["big.f32"]), 30_001)]
     assert b"".join(pieces) == files["big.f32"]
     assert mount.log_lines("ERROR") == []
+
+
+def test_background_fill_caches_shuffled_chunks(tmp_path: Path, mount_factory) -> None:  # type: ignore[no-untyped-def]
+    """The filler decodes every chunk of the node into the object cache, shuffled ones too
+    (their decoded form is a memoryview, like a raw chunk's mapping, but is not one)."""
+    files, pack = _shuffled_pack(tmp_path)
+    chunks = sum(-(-len(data) // (64 * 1024)) for data in files.values())
+    mount = mount_factory(pack, "--prefetch-into", "daemon")
+    os.stat(mount.mnt / "big.f32")  # the first LOOKUP starts the fill
+    deadline = time.monotonic() + 30
+    while True:
+        s = json.loads(run_fanfs("stats", "--json", mount.mnt).stdout)
+        if s["fill_chunks"] == chunks or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (s["fill_chunks"], s["fill_bytes"]) == (chunks, sum(len(d) for d in files.values()))
+    assert s["reads"] == 0

@@ -304,6 +304,9 @@ def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -
         ("zstd:3+shuf", "invalid shuffle in 'zstd:3+shuf': element sizes are 2, 4 or 8"),
         ("lz4+shuf16", "invalid shuffle in 'lz4+shuf16': element sizes are 2, 4 or 8"),
         ("none+shuf4", "none takes no shuffle (got 'none+shuf4')"),
+        ("zstd+shuf²", "invalid shuffle in 'zstd+shuf²': element sizes are 2, 4 or 8"),
+        ("zstd:3+dict", "a dictionary is trained per class: give 'zstd:3+dict' in --codecs with --codec auto"),
+        ("zstd+shuf4+dict", "a dictionary is trained per class: give 'zstd+shuf4+dict' in --codecs with --codec auto"),
     ],
 )
 def test_parse_codec_rejects(text: str, message: str) -> None:

@@ -17,6 +17,7 @@ from fanfs.compression import parse_codec
 from fanfs.errors import UsageError
 from fanfs.optimizer import (
     FALLBACK_CLASS,
+    MAX_CLASSES,
     NONE,
     Candidate,
     ClassProfile,
@@ -287,6 +288,10 @@ def test_parse_candidates() -> None:
     assert [str(c) for c in cands] == ["none", "zstd:3", "lz4", "zstd:9+dict", "lz4hc:9+dict"]
     with pytest.raises(UsageError, match=r"^only zstd and lz4 take a dictionary \(got 'brotli:5\+dict'\)$"):
         parse_candidates("brotli:5+dict")
+    assert [str(c) for c in parse_candidates("zstd+dict lz4hc:9+shuf4")] == ["none", "zstd:3+dict", "lz4hc:9+shuf4"]
+    for word in ("zstd+dict+shuf4", "lz4hc:9+shuf4+dict"):
+        with pytest.raises(UsageError, match=r"^a dictionary does not combine with a shuffle \(got '%s'\)$" % re.escape(word)):
+            parse_candidates(word)
 
 
 # --- classes ----------------------------------------------------------------------------------
@@ -329,7 +334,7 @@ def test_an_image_folder_tree_gets_one_class_per_extension() -> None:
     spec[b"labels.csv"] = (1, 200_000)  # one file, a large share: stays a class of its own
     files = _files(spec)
     names = build_classes(files)
-    assert names == ["./*.csv", "*/*.jpg", "*/*.npy", "*/*.txt"]
+    assert names == ["*/*.jpg", "*/*.npy", "*/*.txt", "./*.csv"]  # largest first
     known = set(names)
     assert class_of(b"c07/3.npy", known) == "*/*.npy"
     assert FALLBACK_CLASS not in names
@@ -346,9 +351,26 @@ def test_a_few_directories_keep_their_classes_until_there_are_too_many() -> None
     for ext, dirs in ((b"jpg", 8), (b"npy", 7), (b"txt", 6), (b"bin", 6), (b"json", 6)):
         spec.update({b"d%d/#.%s" % (i, ext): (40, 1000) for i in range(dirs)})
     names = build_classes(_files(spec))
-    assert len(names) == 26 and names[-1] == "*/*.jpg"
-    assert not any(n.endswith("/*.jpg") for n in names[:-1])
+    assert len(names) == 26 and names[0] == "*/*.jpg"  # the largest class
+    assert not any(n.endswith("/*.jpg") for n in names[1:])
     assert FALLBACK_CLASS not in names
+
+
+def test_a_collapsed_extension_keeps_its_room_among_many_small_classes() -> None:
+    # 33 extensions in one directory each (33 exact classes, none can collapse) and jpg in
+    # 9 directories, 96% of the bytes: the jpg class outranks the smallest exact classes.
+    spec = {b"e%02d/#.x%02d" % (i, i): (40, 1000) for i in range(33)}
+    spec.update({b"cls%d/#.jpg" % i: (40, 100_000) for i in range(9)})
+    names = build_classes(_files(spec))
+    assert names[0] == "*/*.jpg" and len(names) == MAX_CLASSES + 1 and names[-1] == FALLBACK_CLASS
+    assert class_of(b"cls0/img0.jpg", set(names)) == "*/*.jpg"
+
+
+def test_a_top_level_directory_named_star_gives_no_duplicate_class() -> None:
+    spec = {b"*/a#.json": (40, 1000), b"big/#.bin": (40, 100_000)}
+    spec.update({b"d%d/#.json" % i: (10, 1000) for i in range(5)})  # rare: merge into */*.json
+    names = build_classes(_files(spec))
+    assert names == ["big/*.bin", "*/*.json"]
 
 
 # --- whole plans with injected measurements ---------------------------------------------------
