@@ -214,7 +214,7 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
     # The collapsed extensions rank with the exact classes by their bytes; the rest of the
     # files merge by extension into what room is left, then into the fallback class.
     ranked = kept + [n for n in collapsed if big(by_ext[n]) and n not in kept]
-    kept = sorted(ranked, key=lambda n: (-(exact[n] if n in exact else by_ext[n])[1], n))[:MAX_CLASSES]
+    kept = sorted(ranked, key=lambda n: (-(by_ext[n] if n in collapsed else exact[n])[1], n))[:MAX_CLASSES]
     rest: dict[str, list[int]] = {}
     for name, stats in exact.items():
         if name not in kept:
