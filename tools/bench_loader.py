@@ -782,26 +782,29 @@ def summarize_main(
             recs = by_variant[v]
             if not recs:
                 continue
-            times = [r["elapsed_s"] for r in recs]
             paired = [raw[r["repeat"]] / r["elapsed_s"] for r in recs if r["repeat"] in raw]
             rows.append(
                 {
                     "epoch": kind,
                     "variant": v,
-                    "samples_per_s": statistics.median(r["samples_per_s"] for r in recs),
-                    "stall": statistics.median(r["stall"] for r in recs),
                     "ratio_to_raw": statistics.median(paired) if paired else None,
-                    "spread": _spread(times),
-                    "counters": _median_counters(recs),
-                    "repeats": len(recs),
+                    **_cell_medians(recs),
                 }
             )
     return rows
 
 
-def _spread(times: Sequence[float]) -> float:
-    """(max - min) / median of a cell's epoch times."""
-    return (max(times) - min(times)) / statistics.median(times)
+def _cell_medians(cell: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A table cell's medians over its repeats: samples/s, stall, counters; and the spread,
+    (max - min) / median of the epoch times."""
+    times = [r["elapsed_s"] for r in cell]
+    return {
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in cell),
+        "stall": statistics.median(r["stall"] for r in cell),
+        "spread": (max(times) - min(times)) / statistics.median(times),
+        "counters": _median_counters(cell),
+        "repeats": len(cell),
+    }
 
 
 def summarize_oversize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -817,17 +820,12 @@ def summarize_oversize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                 for r in cell
                 if "object_hits" in r["counters"]
             ]
-            times = [r["elapsed_s"] for r in cell]
             rows.append(
                 {
                     "policy": policy,
                     "epoch": epoch,
-                    "samples_per_s": statistics.median(r["samples_per_s"] for r in cell),
-                    "stall": statistics.median(r["stall"] for r in cell),
                     "hit_rate": statistics.median(hits) if hits else None,
-                    "spread": _spread(times),
-                    "counters": _median_counters(cell),
-                    "repeats": len(cell),
+                    **_cell_medians(cell),
                 }
             )
     return rows
