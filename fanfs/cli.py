@@ -103,8 +103,9 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="decoded-object cache for the whole mount (default: 1/8 of available memory; 0: off)")
     g.add_argument("--cache-policy", choices=("minio", "lru"), default="minio",
                    help="minio: fill once, never evict (hits every epoch); lru: least recently used (default minio)")
-    p.add_argument("--preload", choices=("auto", "yes", "no"), default="auto",
-                   help="read the pack into the page cache at mount (auto: if it fits in half the free memory)")
+    p.add_argument("--preload", default="auto", metavar="auto|yes|no|SIZE",
+                   help="copy this node's partitions into memory at mount: auto (default) as many as fit in "
+                        "a quarter of the available memory, yes all, no none, or up to SIZE")
     p.add_argument("--processes", type=int, default=0, metavar="N",
                    help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)")
     c = p.add_argument_group("cluster mode (one daemon per node under mpirun/srun; docs/cluster.md)")

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
+from fanfs._memory import available_memory
 from fanfs._sizes import format_size, parse_size
 from fanfs.cluster.topology import detect_launch
 from fanfs.errors import FanfsError, MountSetupError, UsageError
@@ -39,9 +40,11 @@ log = logging.getLogger(__name__)
 # Kernel read-ahead for the mount, in KiB: files of 1 MiB and more then arrive in one READ
 # instead of eight (DESIGN.md section 4).
 READ_AHEAD_KB: Final = 1024
-# Preload (fault into memory) the partitions at mount when they fit in this share of the
-# node's available memory; otherwise they are read on demand in worker threads.
-PRELOAD_MEMORY_SHARE: Final = 0.5
+# --preload auto: copy partitions into the mount's memory at start-up, in partition order,
+# up to this share of the node's available memory; the others are read on demand (pread in
+# worker threads). The copies are the daemon's own memory (not page cache the kernel may
+# drop), hence a share that leaves the training job most of the node.
+PRELOAD_MEMORY_SHARE: Final = 0.25
 # Serving processes by default: two use both cores of a small node and most of the gain on a
 # large one (each process is one trio thread; DESIGN.md section 4).
 DEFAULT_PROCESSES: Final = 2
@@ -97,7 +100,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         prefetch_into=args.prefetch_into,
         cache_memory=parse_size(args.cache_memory) if args.cache_memory != "auto" else -1,
         cache_policy=args.cache_policy,
-        preload=args.preload,
+        preload=_preload_option(args.preload),
         noopen=args.noopen,
         processes=args.processes,
         cluster=args.cluster,
@@ -108,6 +111,14 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         remote_timeout_s=args.remote_timeout,
         coalesce_window_s=args.coalesce_window / 1000,
     )
+
+
+def _preload_option(value: str) -> str:
+    """`auto`, `yes`, `no`, or a memory budget such as `8GiB` (normalised to bytes)."""
+    value = value.strip().lower()
+    if value in ("auto", "yes", "no"):
+        return value
+    return str(parse_size(value))
 
 
 def check_mountpoint(path: str) -> None:
@@ -281,22 +292,37 @@ def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
     return options
 
 
-def _preload_wanted(reader: PackReader, config: MountConfig) -> bool:
-    if config.preload != "auto":
-        return config.preload == "yes"
-    total = sum(p["size"] for n, p in enumerate(reader.partitions) if reader.local[n])
-    return total <= _available_memory() * PRELOAD_MEMORY_SHARE
+def preload_partitions(reader: PackReader, config: MountConfig, available: int) -> list[int]:
+    """The local partitions to copy into memory at start-up: all with `--preload yes`, none
+    with `no`, else those that fit, in partition order, in the budget (`--preload SIZE`, or
+    PRELOAD_MEMORY_SHARE of `available`)."""
+    local = [n for n, part in enumerate(reader.partitions) if reader.local[n] and part["size"]]
+    if config.preload in ("yes", "no"):
+        return local if config.preload == "yes" else []
+    budget = int(config.preload) if config.preload != "auto" else int(available * PRELOAD_MEMORY_SHARE)
+    chosen, used = [], 0
+    for number in local:
+        size = reader.partitions[number]["size"]
+        if used + size <= budget:
+            chosen.append(number)
+            used += size
+    return chosen
 
 
-def _available_memory() -> int:
+def _reserve_preload(reader: PackReader, config: MountConfig) -> int:
+    """Reserve shared memory for the partitions to preload (before any fork); 0 if none."""
+    available = available_memory()
+    numbers = preload_partitions(reader, config, available)
+    wanted = sum(reader.partitions[n]["size"] for n in numbers)
+    if config.preload == "yes" and available and wanted > available // 2:
+        log.warning("--preload yes: %s of partitions is more than half of the %s available",
+                    format_size(wanted), format_size(available))
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return reader.reserve_memory(numbers)
+    except OSError as exc:
+        log.warning("cannot reserve %s to preload partitions (%s); serving them from the pack",
+                    format_size(wanted), exc.strerror)
+        return 0
 
 
 def _enable_faulthandler(config: MountConfig) -> None:
@@ -339,11 +365,12 @@ def serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _remember_signal)
     ops, store = _build_operations(reader, config, pyfuse3, cluster)
+    preload = _reserve_preload(reader, config) > 0
     _mount_kernel(pyfuse3, ops, config, cluster)
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
     # mount the kernel refuses must fail here, not look mounted and hang its readers.
     ops.init_callbacks.append(on_ready)
-    slot, children, filler = _serve_until_unmounted(pyfuse3, ops, store, reader, config, cluster)
+    slot, children, filler = _serve_until_unmounted(pyfuse3, ops, store, config, cluster, preload)
     # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -365,7 +392,7 @@ def memory_budgets(config: MountConfig) -> tuple[int, int]:
     available memory."""
     from fanfs.prefetch import default_cache_memory, default_memory
 
-    available = _available_memory() or 4 << 30
+    available = available_memory() or 4 << 30
     cache = config.cache_memory if config.cache_memory >= 0 else default_cache_memory(available)
     return cache, config.prefetch_memory or default_memory(available)
 
@@ -450,7 +477,7 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
 
 
 def _serve_until_unmounted(
-    pyfuse3: Any, ops: Any, store: Any, reader: PackReader, config: MountConfig, cluster: Any
+    pyfuse3: Any, ops: Any, store: Any, config: MountConfig, cluster: Any, preload: bool
 ) -> tuple[int, list[int], int]:
     """Run the serving loop(s); returns (this process's slot, the other servers' pids, the
     filler's pid or 0)."""
@@ -475,8 +502,7 @@ def _serve_until_unmounted(
             filler = _fork_filler(
                 pyfuse3, store, ops.info["processes"], push=config.prefetch_into == "kernel"
             )
-        preload = slot == 0 and _preload_wanted(reader, config)
-        trio.run(_main, pyfuse3, ops, config, preload, slot == 0, cluster)
+        trio.run(_main, pyfuse3, ops, config, preload and slot == 0, slot == 0, cluster)
         _check_initialized(pyfuse3, ops, config)
     except FanfsError:
         raise
@@ -680,7 +706,7 @@ async def _preload(store: Any) -> None:
         loaded = await trio.to_thread.run_sync(store.preload, stop, abandon_on_cancel=True)
         log.info("preloaded %s of partitions into memory", format_size(loaded))
     except OSError as exc:
-        log.warning("preloading partitions failed (%s); serving from disk", exc)
+        log.warning("preloading partitions failed (%s); serving from the pack", exc)
     finally:
         stop.set()
 

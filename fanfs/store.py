@@ -1,7 +1,7 @@
 """`ChunkStore`: decoded bytes of a file's chunks, for the FUSE read path.
 
 Owns the decision of where a chunk is decoded: inline on the trio thread when its partition is
-resident in memory and the chunk is small (a thread hand-off costs more than the decode,
+resident (copied into the mount's memory by `preload`) and the chunk is small (a thread hand-off costs more than the decode,
 DESIGN.md section 4), otherwise in a worker thread under a `CapacityLimiter` (cold disk,
 large chunks). Verifies every stored chunk's crc32 before decoding; a chunk that fails once
 is remembered as broken and fails again at once without new I/O.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import mmap
 import threading
 import time
 import zlib
@@ -46,9 +45,6 @@ log = logging.getLogger(__name__)
 # Largest chunk decoded on the trio thread. 256 KiB of zstd decodes in about 250 us here,
 # about what a thread hand-off costs; larger chunks go to a worker thread.
 INLINE_MAX_BYTES: Final = 256 * 1024
-# Pages per madvise/touch step while preloading partitions.
-PRELOAD_STEP_BYTES: Final = 64 * 1024 * 1024
-MADV_POPULATE_READ: Final = 22  # Linux >= 5.14; Python 3.11's mmap module lacks the name
 # Chunks pushed into the kernel's page cache that are remembered (to count a later READ of one
 # as a wasted prefetch).
 PUSHED_MEMORY: Final = 65536
@@ -480,30 +476,21 @@ class ChunkStore:
         )
 
     def preload(self, stop: threading.Event) -> int:
-        """Fault every partition into memory, marking each resident when done. Blocking:
-        run in its own thread. Returns the bytes preloaded."""
+        """Copy every partition the reader reserved memory for into it, marking each
+        resident once its copy is complete. Blocking: run in its own thread. Returns the
+        bytes loaded. A partition that shrinks while it is copied stays on disk (its reads
+        then fail with EIO where its bytes are gone)."""
         total = 0
+        reader = self.reader
         for number in range(len(self._resident)):
-            part_map = self.reader.partition_map(number)
-            if part_map is None or self._resident[number] or not self._local[number]:
+            if self._resident[number] or not reader.reserved(number):
                 continue
-            for start in range(0, len(part_map), PRELOAD_STEP_BYTES):
-                if stop.is_set():
+            try:
+                if not reader.load_partition(number, stop.is_set):
                     return total
-                length = min(PRELOAD_STEP_BYTES, len(part_map) - start)
-                _populate(part_map, start, length)
+            except OSError as exc:
+                log.warning("partition %d changed while it was being loaded (%s); serving it from the pack", number, exc)
+                continue
             self._resident[number] = 1
-            total += len(part_map)
+            total += reader.partitions[number]["size"]
         return total
-
-
-def _populate(part_map: mmap.mmap, start: int, length: int) -> None:
-    try:
-        part_map.madvise(MADV_POPULATE_READ, start, length)
-    except OSError:
-        # Older kernels: ask for read-ahead, then touch one byte per page to map it.
-        part_map.madvise(mmap.MADV_WILLNEED, start, length)
-        view = memoryview(part_map)[start : start + length]
-        for off in range(0, length, mmap.PAGESIZE):
-            view[off]
-        view.release()

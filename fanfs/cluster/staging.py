@@ -21,7 +21,7 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size
 from fanfs.cluster.topology import place, stage_rounds
 from fanfs.errors import ClusterInitError, FanfsError, PackFormatError
-from fanfs.format.layout import INDEX_NAME, MANIFEST_NAME, read_manifest
+from fanfs.format.layout import INDEX_NAME, MANIFEST_NAME, open_pack_file, partition_name, read_manifest
 from fanfs.format.reader import PackReader
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,17 @@ def _agree(transport: Any, error: FanfsError | None) -> None:
         raise failure
 
 
+def _read_pack_file(pack: str, name: str) -> bytes:
+    with os.fdopen(open_pack_file(pack, name), "rb", buffering=0) as f:
+        return f.read()
+
+
 def _read_head(pack: str) -> tuple[bytes, bytes]:
-    reader = PackReader(pack)  # validates manifest, index and every partition's size
+    # Validates manifest, index and every partition's size. The bytes read afterwards may
+    # differ (the pack may change meanwhile): every rank validates its staged copy again.
+    reader = PackReader(pack)
     reader.close()
-    with open(os.path.join(pack, MANIFEST_NAME), "rb") as f:
-        manifest = f.read()
-    with open(os.path.join(pack, INDEX_NAME), "rb") as f:
-        index = f.read()
-    return manifest, index
+    return _read_pack_file(pack, MANIFEST_NAME), _read_pack_file(pack, INDEX_NAME)
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -99,12 +102,12 @@ def _is_staged(path: str, part: dict[str, Any]) -> bool:
         return False
 
 
-def _copy_partition(pack: str, stage_dir: str, part: dict[str, Any], progress: Progress) -> int:
+def _copy_partition(pack: str, stage_dir: str, number: int, part: dict[str, Any], progress: Progress) -> int:
     """Copy one partition with large sequential reads, verifying its crc32; returns bytes read."""
-    src = os.path.join(pack, part["file"])
-    dst = os.path.join(stage_dir, part["file"])
+    name = partition_name(number)
+    dst = os.path.join(stage_dir, name)
     crc, copied = 0, 0
-    with open(src, "rb", buffering=0) as fin, open(dst + ".tmp", "wb") as fout:
+    with os.fdopen(open_pack_file(pack, name, "partition " + name), "rb", buffering=0) as fin, open(dst + ".tmp", "wb") as fout:
         while piece := fin.read(COPY_PIECE):
             crc = zlib.crc32(piece, crc)
             fout.write(piece)
@@ -112,7 +115,7 @@ def _copy_partition(pack: str, stage_dir: str, part: dict[str, Any], progress: P
             progress.advance(len(piece))
     if copied != part["size"] or crc != part["crc32"]:
         os.unlink(dst + ".tmp")
-        raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, part["file"]))
+        raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, name))
     os.replace(dst + ".tmp", dst)
     _write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % crc).encode())
     return copied
@@ -144,7 +147,7 @@ def stage(transport: Any, *, pack: str, cache_dir: str, replicas: int, groups: i
 def _stage_regular(transport: Any, pack: str, stage_dir: str, parts: list[dict[str, Any]],
                    result: StageResult, groups: int) -> None:
     mine = [n for n in sorted(result.local) if not parts[n]["broadcast"] and parts[n]["size"]]
-    todo = [n for n in mine if not _is_staged(os.path.join(stage_dir, parts[n]["file"]), parts[n])]
+    todo = [n for n in mine if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])]
     result.reused = len(mine) - len(todo)
     total = sum(parts[n]["size"] for n in todo)
     progress = Progress(total, len(todo), enabled=transport.rank == 0 and os.isatty(2), label="staging")
@@ -153,7 +156,7 @@ def _stage_regular(transport: Any, pack: str, stage_dir: str, parts: list[dict[s
         if transport.rank in round_ranks:
             try:
                 for n in todo:
-                    result.shared_fs_bytes += _copy_partition(pack, stage_dir, parts[n], progress)
+                    result.shared_fs_bytes += _copy_partition(pack, stage_dir, n, parts[n], progress)
             except FanfsError as exc:
                 error = exc
             except OSError as exc:
@@ -164,7 +167,7 @@ def _stage_regular(transport: Any, pack: str, stage_dir: str, parts: list[dict[s
 
 def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict[str, Any]], result: StageResult) -> None:
     wanted = [n for n, p in enumerate(parts) if p["broadcast"] and p["size"]]
-    missing = [n for n in wanted if not _is_staged(os.path.join(stage_dir, parts[n]["file"]), parts[n])]
+    missing = [n for n in wanted if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])]
     needed = transport.gather(missing)
     todo = sorted(set().union(*needed)) if needed is not None else None
     todo = transport.bcast(todo)
@@ -173,18 +176,17 @@ def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict
         data, error = None, None
         if transport.rank == 0:
             try:
-                with open(os.path.join(pack, part["file"]), "rb", buffering=0) as f:
-                    data = f.read()
+                data = _read_pack_file(pack, partition_name(n))
                 result.shared_fs_bytes += len(data)
                 if len(data) != part["size"] or zlib.crc32(data) != part["crc32"]:
-                    raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, part["file"]))
+                    raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, partition_name(n)))
             except FanfsError as exc:
                 error = exc
             except OSError as exc:
-                error = ClusterInitError("reading %s failed: %s" % (part["file"], exc))
+                error = ClusterInitError("reading %s failed: %s" % (partition_name(n), exc))
         _agree(transport, error)
         data = transport.bcast_blob(data)
-        dst = os.path.join(stage_dir, part["file"])
+        dst = os.path.join(stage_dir, partition_name(n))
         _write_atomic(dst, data)
         _write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % part["crc32"]).encode())
 

@@ -1,8 +1,9 @@
 """The read-only index: entries (files, directories, symlinks), chunks and names.
 
 The index file is a set of little-endian column arrays (layout.ENTRY_COLUMNS,
-layout.CHUNK_COLUMNS, the names blob, the dictionaries blob) described in the manifest. `Index` maps the file and
-exposes the columns two ways: numpy arrays for bulk work (inspect, statistics) and native
+layout.CHUNK_COLUMNS, the names blob, the dictionaries blob) described in the manifest. `Index`
+reads the file into private memory (never a mapping of the pack: it may change under the
+mount) and exposes the columns two ways: numpy arrays for bulk work (inspect, statistics) and native
 memoryviews for the hot path, where indexing returns a Python int in tens of nanoseconds and
 no per-file Python object is ever built at load time.
 
@@ -21,21 +22,63 @@ from typing import Any, Final
 
 import numpy as np
 
+from fanfs._memory import available_memory
+from fanfs._sizes import format_size
 from fanfs.errors import PackFormatError
 from fanfs.format.layout import (
     CHUNK_COLUMNS,
-    CHUNK_COLUMNS_V1,
     COLUMN_ALIGN,
     DICTS_COLUMN,
     FORMAT_VERSION,
     ENTRY_COLUMNS,
     INDEX_NAME,
     NAMES_COLUMN,
+    open_pack_file,
 )
 
 ROOT_ID: Final = 0
 # numpy dtype -> memoryview format for hot-path access (the host is little-endian, checked).
 _NATIVE: Final = {"<u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q", "<i8": "q"}
+
+
+def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
+    """The index file's bytes in anonymous memory of this process.
+
+    Never a mapping of the file: whoever can write the pack could change or truncate it
+    after it was validated (a cycle, or SIGBUS on the next access). Serving processes forked
+    later share these pages. An index larger than half the available memory is refused
+    rather than risking the node (the OOM killer)."""
+    fd = open_pack_file(pack_dir, INDEX_NAME)
+    try:
+        size = os.fstat(fd).st_size
+        if size != meta["size"]:
+            raise PackFormatError(
+                "%s: index is %d bytes, manifest says %d (truncated pack?)" % (pack_dir, size, meta["size"])
+            )
+        available = available_memory()
+        if available and size > available // 2:
+            raise PackFormatError(
+                "%s: index of %s does not fit in this node's memory (%s available)"
+                % (pack_dir, format_size(size), format_size(available))
+            )
+        if not size:
+            return b""
+        buf = mmap.mmap(-1, size)
+        view = memoryview(buf)
+        try:
+            done = 0
+            while done < size:
+                got = os.preadv(fd, [view[done:]], done)
+                if got <= 0:
+                    raise PackFormatError("%s: index shrank while being read (truncated pack?)" % pack_dir)
+                done += got
+        finally:
+            view.release()
+        return buf
+    except OSError as exc:
+        raise PackFormatError("%s: cannot read index: %s" % (pack_dir, exc.strerror)) from exc
+    finally:
+        os.close(fd)
 
 
 def encode_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, list[dict[str, Any]]]:
@@ -62,36 +105,32 @@ class Index:
     """
 
     def __init__(self, pack_dir: str, meta: dict[str, Any], version: int = FORMAT_VERSION) -> None:
+        """Read the index file of `pack_dir` into private memory and check its columns'
+        placement and lengths against `meta` (the manifest's validated `index` object).
+        The tree structure is checked by `format.validate.check_index` (PackReader)."""
         if sys.byteorder != "little":
             raise PackFormatError("fanfs packs are little-endian; this host is not")
-        path = os.path.join(pack_dir, INDEX_NAME)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != meta["size"]:
-                    raise PackFormatError(
-                        "%s: index is %d bytes, manifest says %d (truncated pack?)"
-                        % (pack_dir, size, meta["size"])
-                    )
-                self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
-        except OSError as exc:
-            raise PackFormatError("%s: cannot read index: %s" % (pack_dir, exc.strerror)) from exc
+        self._map = _read_private(pack_dir, meta)
+        size = len(self._map)
         if zlib.crc32(self._map) != meta["crc32"]:
             raise PackFormatError("%s: index checksum mismatch (corrupt pack)" % pack_dir)
+        self.entry_count: int = meta["entries"]
+        self.chunk_count: int = meta["chunks"]
+        rows = {name: self.entry_count for name, _ in ENTRY_COLUMNS}
+        rows.update({name: self.chunk_count for name, _ in CHUNK_COLUMNS})
         self.arrays: dict[str, np.ndarray] = {}
         views: dict[str, memoryview] = {}
         whole = memoryview(self._map)
         for col in meta["columns"]:
-            start, length, dtype = col["offset"], col["length"], col["dtype"]
-            if start + length > size or dtype not in _NATIVE:
-                raise PackFormatError("%s: index column %s is invalid" % (pack_dir, col["name"]))
+            name, start, length, dtype = col["name"], col["offset"], col["length"], col["dtype"]
+            itemsize = np.dtype(dtype).itemsize
+            if start % COLUMN_ALIGN or start + length > size or length % itemsize:
+                raise PackFormatError("%s: index column %s is invalid" % (pack_dir, name))
+            if name in rows and length != rows[name] * itemsize:
+                raise PackFormatError("%s: index column %s has the wrong length" % (pack_dir, name))
             raw = whole[start : start + length]
-            self.arrays[col["name"]] = np.frombuffer(raw, dtype=dtype)
-            views[col["name"]] = raw.cast(_NATIVE[dtype])
-        self.entry_count = meta["entries"]
-        self.chunk_count = meta["chunks"]
-        self._chunk_columns = CHUNK_COLUMNS if version >= 2 else CHUNK_COLUMNS_V1
-        self._check_shapes(pack_dir, views)
+            self.arrays[name] = np.frombuffer(raw, dtype=dtype)
+            views[name] = raw.cast(_NATIVE[dtype])
         if version < 2:
             # Version 1 has no dictionaries: every chunk refers to none.
             self.arrays["dict"] = np.zeros(self.chunk_count, dtype="<u2")
@@ -113,17 +152,6 @@ class Index:
         self.chunk_crc32 = views["crc32"]
         self.chunk_dict = views["dict"]
         self.names = views["names"]
-
-    def _check_shapes(self, pack_dir: str, views: dict[str, memoryview]) -> None:
-        expected = {name: self.entry_count for name, _ in ENTRY_COLUMNS}
-        expected.update({name: self.chunk_count for name, _ in self._chunk_columns})
-        for name, rows in expected.items():
-            if name not in views or len(views[name]) != rows:
-                raise PackFormatError("%s: index column %s has the wrong length" % (pack_dir, name))
-        if "names" not in views or self.entry_count < 1:
-            raise PackFormatError("%s: index has no root entry" % pack_dir)
-        if self._chunk_columns is CHUNK_COLUMNS and "dicts" not in views:
-            raise PackFormatError("%s: index column dicts is missing" % pack_dir)
 
     def close(self) -> None:
         """Release the mapping. Only valid once no view of a column is alive anymore."""

@@ -10,14 +10,17 @@ Never does I/O beyond reading and writing the manifest file itself.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
+import stat
 import struct
 import zlib
 from typing import Any, Final
 
 from fanfs.errors import PackFormatError, PackVersionError, UsageError
+from fanfs.format.validate import check_manifest
 
 MAGIC: Final = b"FANFSPK\n"
 # Version written. Version 2 added zstd dictionaries (the index's `dicts` blob, the chunk
@@ -30,8 +33,12 @@ READABLE_VERSIONS: Final = (1, 2, 3)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 _HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
-# Largest manifest we accept: a 4096-partition pack's manifest is about 0.5 MiB.
-MAX_MANIFEST_BYTES: Final = 64 * 1024 * 1024
+# Largest manifest we accept: a 4096-partition pack's manifest is about 0.5 MiB, and 65535
+# dictionaries' descriptors about 7 MiB.
+MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024
+# JSON objects and arrays we parse at most (a pack of 8192 partitions and 65535 dictionaries
+# has under 80,000): bounds the memory json.loads may take for a hostile manifest.
+MAX_MANIFEST_CONTAINERS: Final = 1 << 18
 
 # Column schema of the index file, in file order: (column name, numpy dtype). Entry columns
 # have one row per entry (entry id = row, root = 0), chunk columns one row per stored chunk;
@@ -69,6 +76,33 @@ def partition_name(number: int) -> str:
     return "part-%05d" % number
 
 
+def index_columns(version: int) -> tuple[tuple[str, str], ...]:
+    """The index columns of a pack of format `version`, in file order."""
+    if version < 2:
+        return (*ENTRY_COLUMNS, *CHUNK_COLUMNS_V1, NAMES_COLUMN)
+    return (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN)
+
+
+def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
+    """Open the pack file `name` read-only and return its descriptor.
+
+    Only a regular file is accepted, and never through a symlink: a pack is untrusted, and a
+    symlink could make the mount read (and report the size of) any file the daemon can, a
+    FIFO would block the open forever, a device would be read raw. `what` names the file in
+    messages (default: its name)."""
+    what = what or name
+    try:
+        fd = os.open(os.path.join(pack_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PackFormatError("%s: %s is a symlink (pack files must be regular files)" % (pack_dir, what)) from exc
+        raise PackFormatError("%s: cannot open %s: %s" % (pack_dir, what, exc.strerror)) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PackFormatError("%s: %s is not a regular file" % (pack_dir, what))
+    return fd
+
+
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     """Serialise a manifest canonically (sorted keys, no whitespace), header first."""
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
@@ -76,15 +110,16 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 
 def read_manifest(pack_dir: str) -> dict[str, Any]:
-    """Read and validate `pack_dir/fanfs.manifest`; raises PackFormatError/PackVersionError."""
-    path = os.path.join(pack_dir, MANIFEST_NAME)
+    """Read `pack_dir/fanfs.manifest` and check it against its schema (format/validate.py);
+    raises PackFormatError/PackVersionError."""
     if not os.path.isdir(pack_dir):
         raise PackFormatError("%s: not a fanfs pack (no such directory)" % pack_dir)
+    if not os.path.lexists(os.path.join(pack_dir, MANIFEST_NAME)):
+        raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME))
+    fd = open_pack_file(pack_dir, MANIFEST_NAME, "manifest")
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             raw = f.read(MAX_MANIFEST_BYTES + _HEADER.size)
-    except FileNotFoundError:
-        raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME)) from None
     except OSError as exc:
         raise PackFormatError("%s: cannot read manifest: %s" % (pack_dir, exc.strerror)) from exc
     if raw[: len(MAGIC)] != MAGIC[: len(raw)] or not raw:
@@ -100,12 +135,16 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
     body = raw[_HEADER.size :]
     if len(body) != length or zlib.crc32(body) != crc:
         raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
+    if body.count(b"{") + body.count(b"[") > MAX_MANIFEST_CONTAINERS:
+        raise PackFormatError("%s: manifest has more than %d JSON objects and arrays" % (pack_dir, MAX_MANIFEST_CONTAINERS))
     try:
         manifest: dict[str, Any] = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the interpreter's stack (a hostile manifest).
         raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
     if not isinstance(manifest, dict) or manifest.get("format_version") != version:
         raise PackFormatError("%s: manifest does not match its header's format version %d" % (pack_dir, version))
+    check_manifest(pack_dir, manifest, version)
     return manifest
 
 

@@ -1,12 +1,21 @@
 """`PackReader`: open and validate a pack, and hand out stored chunk bytes.
 
-Validation at open (manifest magic, version and checksum; index size and checksum; every
-partition present with the size the manifest gives; every dictionary's bounds and checksum,
-since dictionaries are small and copied out of the index whole) is cheap and catches wrong, truncated or
-half-copied packs before anything is mounted. Partition checksums are only checked by
-`verify_partition` (fanfs verify, staging), since that reads every byte.
+A pack is untrusted input (docs/security.md). At open, before anything is mounted: the
+manifest against its schema, the index's size, checksum and structure (format/validate.py),
+every dictionary's bounds and checksum (they are copied out of the index whole), and every
+local partition: a regular file (never a symlink, FIFO or device) named `part-NNNNN` with
+the size the manifest gives. Partition checksums are only checked by `verify_partition`
+(fanfs verify, staging), since that reads every byte.
 
-Never decompresses. Thread-safe: every method only reads immutable state.
+No file of the pack is ever mapped: someone who can write the pack could truncate a mapped
+file under the mount (SIGBUS) or change it after it was checked. The index is read into
+private memory; partitions are read with `pread`, or copied whole into shared anonymous
+memory reserved before the serving processes fork (`reserve_memory`, `load_partition`),
+from where chunks are served as memoryviews with no copy.
+
+Never decompresses. Thread-safe: every method only reads immutable state, except
+`reserve_memory` (before forking) and `load_partition` (one thread, into memory no reader
+uses until the store marks the partition resident).
 """
 
 from __future__ import annotations
@@ -14,13 +23,15 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
-from fanfs.format.layout import raise_open_file_limit, read_manifest
+from fanfs.format.layout import open_pack_file, partition_name, raise_open_file_limit, read_manifest
+from fanfs.format.validate import check_index
 
 # Reads of whole partitions (verify, preload) go in slices this large.
 SCAN_BYTES: Final = 4 * 1024 * 1024
@@ -34,7 +45,9 @@ class PackReader:
         manifest: the decoded manifest.
         index: the loaded `Index`.
         chunk_size: uncompressed size of every chunk but the last of each file.
-        format_version: the pack's format version (1, 2 or 3).
+        format_version: the pack's format version (1 to 4).
+        partitions: the manifest's partition records (position = partition number).
+        local: per partition, whether this node opened it.
     """
 
     def __init__(self, path: str, *, local: Collection[int] | None = None) -> None:
@@ -43,41 +56,41 @@ class PackReader:
         self.path = path
         self.manifest: dict[str, Any] = read_manifest(path)
         self.format_version: int = self.manifest["format_version"]
-        try:
-            self.chunk_size: int = int(self.manifest["chunk_size"])
-            self.partitions: list[dict[str, Any]] = self.manifest["partitions"]
-            self.index = Index(path, self.manifest["index"], self.format_version)
-            # Position = dictionary id; id 0 means "no dictionary".
-            self._dicts: list[bytes | None] = [None]
-            if self.format_version >= 2:
-                for number, meta in enumerate(self.manifest["dictionaries"], 1):
-                    self._dicts.append(self._load_dictionary(number, meta))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PackFormatError("%s: manifest lacks a valid %s" % (path, exc)) from exc
+        self.chunk_size: int = self.manifest["chunk_size"]
+        self.partitions: list[dict[str, Any]] = self.manifest["partitions"]
+        self.index = Index(path, self.manifest["index"], self.format_version)
+        # Position = dictionary id; id 0 means "no dictionary".
+        self._dicts: list[bytes | None] = [None]
+        for number, meta in enumerate(self.manifest.get("dictionaries", ()), 1):
+            self._dicts.append(self._load_dictionary(number, meta))
+        check_index(
+            path,
+            self.index.arrays,
+            chunk_size=self.chunk_size,
+            partition_sizes=[part["size"] for part in self.partitions],
+            dictionaries=len(self._dicts) - 1,
+            version=self.format_version,
+        )
+        # Chunk checksums of format 4 cover the chunk id too (docs/format.md section 8).
+        self.crc_binds_chunk = self.format_version >= 4
         self._fds: list[int] = []
-        self._maps: list[mmap.mmap | None] = []
-        # Each partition holds two descriptors: ours for pread and the mapping's own.
-        raise_open_file_limit(2 * len(self.partitions) + 64)
+        # Per partition: a view of its copy in shared memory, or None (read with pread).
+        self._memory: list[memoryview | None] = [None] * len(self.partitions)
+        self._region: mmap.mmap | None = None
+        raise_open_file_limit(len(self.partitions) + 64)
         self.local = [local is None or n in local for n in range(len(self.partitions))]
         try:
             for number, part in enumerate(self.partitions):
-                if self.local[number]:
-                    self._open_partition(part)
-                else:
-                    self._fds.append(-1)
-                    self._maps.append(None)
-        except (KeyError, TypeError) as exc:
-            self.close()
-            raise PackFormatError("%s: manifest has an invalid partition entry (%s)" % (path, exc)) from exc
+                self._fds.append(self._open_partition(number, part["size"]) if self.local[number] else -1)
         except BaseException:
             self.close()
             raise
 
     def _load_dictionary(self, number: int, meta: dict[str, Any]) -> bytes:
         blob = self.index.arrays["dicts"]
-        start, size = int(meta["offset"]), int(meta["size"])
+        start, size = meta["offset"], meta["size"]
         data = blob[start : start + size].tobytes()
-        if meta["id"] != number or start < 0 or len(data) != size or zlib.crc32(data) != meta["crc32"]:
+        if len(data) != size or zlib.crc32(data) != meta["crc32"]:
             raise PackFormatError("%s: dictionary %d does not match the index" % (self.path, number))
         return data
 
@@ -95,20 +108,16 @@ class PackReader:
     def dictionary_count(self) -> int:
         return len(self._dicts) - 1
 
-    def _open_partition(self, part: dict[str, Any]) -> None:
-        file_path = os.path.join(self.path, part["file"])
-        try:
-            fd = os.open(file_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise PackFormatError("%s: cannot open partition %s: %s" % (self.path, part["file"], exc.strerror)) from exc
-        self._fds.append(fd)
-        size = os.fstat(fd).st_size
-        if size != part["size"]:
+    def _open_partition(self, number: int, size: int) -> int:
+        name = partition_name(number)
+        fd = open_pack_file(self.path, name, "partition " + name)
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            os.close(fd)
             raise PackFormatError(
-                "%s: partition %s is %d bytes, manifest says %d (truncated pack?)"
-                % (self.path, part["file"], size, part["size"])
+                "%s: partition %s is %d bytes, manifest says %d (truncated pack?)" % (self.path, name, actual, size)
             )
-        self._maps.append(mmap.mmap(fd, 0, prot=mmap.PROT_READ) if size else None)
+        return fd
 
     def close(self) -> None:
         for fd in self._fds:
@@ -116,29 +125,63 @@ class PackReader:
                 os.close(fd)
         self._fds.clear()
 
-    def partition_map(self, number: int) -> mmap.mmap | None:
-        """The read-only mapping of a partition (None if it is empty or not local)."""
-        return self._maps[number]
+    def reserve_memory(self, numbers: Collection[int]) -> int:
+        """Reserve shared anonymous memory for copies of the local partitions `numbers`
+        (call before forking: every serving process then sees the copies). Returns the
+        bytes reserved; raises OSError if the kernel refuses the mapping."""
+        sizes = {n: self.partitions[n]["size"] for n in sorted(numbers) if self.local[n]}
+        total = sum(sizes.values())
+        if not total:
+            return 0
+        self._region = mmap.mmap(-1, total, flags=mmap.MAP_SHARED)
+        whole = memoryview(self._region)
+        start = 0
+        for number, size in sizes.items():
+            self._memory[number] = whole[start : start + size]
+            start += size
+        return total
+
+    def reserved(self, number: int) -> bool:
+        return self._memory[number] is not None
+
+    def load_partition(self, number: int, stop: Callable[[], bool]) -> bool:
+        """Copy partition `number` into its reserved memory. Blocking: one thread. Returns
+        False if `stop()` became true first. Raises OSError (EIO) if the file shrank."""
+        view = self._memory[number]
+        assert view is not None
+        fd = self._fds[number]
+        done = 0
+        while done < len(view):
+            if stop():
+                return False
+            got = os.preadv(fd, [view[done : done + SCAN_BYTES]], done)
+            if got <= 0:
+                raise OSError(errno.EIO, "%s shrank while being loaded" % partition_name(number))
+            # The copy is what is served: the file's pages need not stay cached too.
+            os.posix_fadvise(fd, done, got, os.POSIX_FADV_DONTNEED)
+            done += got
+        return True
 
     def read_range(self, number: int, offset: int, length: int) -> bytes:
         """Bytes of a local partition (serving peers in cluster mode). Blocking."""
-        part_map = self._maps[number]
-        if part_map is None or offset + length > len(part_map):
+        if not self.local[number] or offset < 0 or length < 0 or offset + length > self.partitions[number]["size"]:
             raise KeyError("partition %d has no bytes %d..%d here" % (number, offset, offset + length))
-        return part_map[offset : offset + length]
+        view = self._memory[number]
+        if view is not None:
+            return bytes(view[offset : offset + length])
+        data = os.pread(self._fds[number], length, offset)
+        if len(data) != length:
+            raise OSError(errno.EIO, "short read of %d bytes (expected %d)" % (len(data), length))
+        return data
 
     def stored_view(self, chunk: int) -> memoryview:
-        """The stored bytes of `chunk` as a view into the mapped partition.
-
-        Touching the view may fault pages in from disk: callers on the trio thread use it
-        only for partitions known to be resident (see store.py).
-        """
+        """The stored bytes of `chunk` as a view of its partition's copy in memory. Only
+        for partitions the store marked resident (their copy is complete)."""
         index = self.index
-        part_map = self._maps[index.chunk_partition[chunk]]
+        view = self._memory[index.chunk_partition[chunk]]
+        assert view is not None
         off = index.chunk_offset[chunk]
-        if part_map is None:
-            return memoryview(b"")
-        return memoryview(part_map)[off : off + index.chunk_csize[chunk]]
+        return view[off : off + index.chunk_csize[chunk]]
 
     def read_stored(self, chunk: int) -> bytes:
         """The stored bytes of `chunk` by `pread`. Blocking; call from a worker thread."""

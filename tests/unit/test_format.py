@@ -625,7 +625,7 @@ def test_corrupt_index(pack_copy: Path) -> None:
 
 def test_missing_index(pack_copy: Path) -> None:
     (pack_copy / "index").unlink()
-    with _raises(PackFormatError, "%s: cannot read index: No such file or directory" % pack_copy):
+    with _raises(PackFormatError, "%s: cannot open index: No such file or directory" % pack_copy):
         PackReader(str(pack_copy))
 
 
