@@ -208,11 +208,14 @@ def _zstd_decompressor(dictionary: bytes | None = None) -> zstandard.ZstdDecompr
     return _cached("zd", dictionary, make)  # type: ignore[return-value]
 
 
-def _lzma_filters(level: int, size: int) -> list[dict[str, int]]:
+def _lzma_dict_size(size: int) -> int:
     # The .lzma header records the dictionary size and the decoder allocates that much: the
     # preset's 8 MiB for every 100 KB object would cost more than the decode itself.
-    dict_size = max(4096, min(1 << max(size - 1, 1).bit_length(), 1 << 26))
-    return [{"id": lzma.FILTER_LZMA1, "preset": level, "dict_size": dict_size}]
+    return max(4096, min(1 << max(size - 1, 1).bit_length(), 1 << 26))
+
+
+def _lzma_filters(level: int, size: int) -> list[dict[str, int]]:
+    return [{"id": lzma.FILTER_LZMA1, "preset": level, "dict_size": _lzma_dict_size(size)}]
 
 
 def compress(data: bytes | memoryview, spec: CodecSpec, dictionary: bytes | None = None) -> bytes:
@@ -286,9 +289,17 @@ def decompress(
 
     `codec` is the chunk's codec byte: the codec id, and in the high 4 bits the byte shuffle
     to undo after decoding. Returns `stored` itself for codec `none` (no copy). `dictionary`
-    is the dictionary the object was compressed with (None for none). Raises
-    `DecompressionError` for a codec error, a wrong decoded size, an unknown codec byte or a
-    dictionary on a codec other than zstd and lz4.
+    is the dictionary the object was compressed with (None for none).
+
+    Bounded: whatever the stored bytes claim, no decoder produces or allocates much more than
+    `size` bytes (a chunk is untrusted input, and a 64 KiB chunk could otherwise decode to
+    gigabytes): a zstd frame must declare exactly `size` (frames record their content size,
+    and the decoder would allocate whatever they declare), brotli decodes under an output
+    cap, lzma under a memory limit fitted to `size`, lz4 into a `size` buffer.
+
+    Raises:
+        DecompressionError: a codec error, a wrong decoded size, trailing data, an unknown
+            codec byte, or a dictionary on a codec other than zstd and lz4.
     """
     codec_id, nibble = codec & _CODEC_ID_MASK, codec >> 4
     if nibble > len(SHUFFLE_SIZES) or (nibble and codec_id == CODEC_NONE):
@@ -298,7 +309,15 @@ def decompress(
     else:
         try:
             if codec_id == CODEC_ZSTD:
-                out = _zstd_decompressor(dictionary).decompress(stored, max_output_size=size)
+                declared = zstandard.frame_content_size(stored)
+                if declared != size:
+                    raise DecompressionError(
+                        "zstd: frame declares %s bytes, expected %d"
+                        % ("an unknown number of" if declared < 0 else declared, size)
+                    )
+                out = _zstd_decompressor(dictionary).decompress(
+                    stored, max_output_size=size, allow_extra_data=False
+                )
             elif codec_id == CODEC_LZ4:
                 if dictionary is None:
                     out = lz4.block.decompress(stored, uncompressed_size=size)
@@ -310,9 +329,9 @@ def decompress(
                     % CODEC_NAMES.get(codec_id, "unknown codec")
                 )
             elif codec_id == CODEC_BROTLI:
-                out = brotli.decompress(stored)
+                out = _brotli_decode(stored, size)
             elif codec_id == CODEC_LZMA:
-                out = lzma.decompress(stored, format=lzma.FORMAT_ALONE)
+                out = _lzma_decode(stored, size)
             else:
                 raise DecompressionError("unknown codec id %d" % codec)
         except (zstandard.ZstdError, lz4.block.LZ4BlockError, brotli.error, lzma.LZMAError) as exc:
@@ -323,6 +342,37 @@ def decompress(
         )
     if nibble:
         return unshuffle_bytes(out, 1 << nibble)
+    return out
+
+
+def _brotli_decode(stored: bytes | memoryview, size: int) -> bytes:
+    # The output buffer grows by doubling and stops growing once it holds more than `size`:
+    # at most about twice `size` is ever allocated. More output than `size`, or a stream that
+    # does not end with its input, is corrupt.
+    decoder = brotli.Decompressor()
+    out = decoder.process(stored, output_buffer_limit=size + 1)
+    if len(out) > size:
+        raise DecompressionError("brotli: stream decodes to more than %d bytes" % size)
+    if not decoder.is_finished():
+        raise DecompressionError("brotli: stream is truncated")
+    return out
+
+
+# lzma's decoder allocates its dictionary plus probability tables and buffers; a stream
+# that asks for more than the writer would use for `size` bytes is refused.
+_LZMA_MEMORY_SLACK: Final = 1 << 20
+
+
+def _lzma_decode(stored: bytes | memoryview, size: int) -> bytes:
+    decoder = lzma.LZMADecompressor(
+        format=lzma.FORMAT_ALONE, memlimit=_lzma_dict_size(size) + _LZMA_MEMORY_SLACK
+    )
+    out = decoder.decompress(stored, max_length=size)
+    # Stopped at the cap: only the end marker may be left.
+    if not decoder.eof and len(out) == size and decoder.decompress(b"", max_length=1):
+        raise DecompressionError("lzma: stream decodes to more than %d bytes" % size)
+    if not decoder.eof or decoder.unused_data:
+        raise DecompressionError("lzma: stream is truncated or has trailing data")
     return out
 
 

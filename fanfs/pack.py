@@ -31,7 +31,7 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size
 from fanfs.compression import CodecSpec, chunk_codec_name, compress_object
 from fanfs.errors import PackInputError, UsageError
-from fanfs.format.layout import MANIFEST_NAME, NAME_MAX
+from fanfs.format.layout import MANIFEST_NAME, NAME_MAX, bind_chunk_crc
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import FileRef, Plan, PlanSettings, class_of, make_plan, plan_record
 
@@ -416,7 +416,9 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
             cols["size"].append(node.st.st_size)
             cols["first"].append(len(chunk_rows))
             cols["count"].append(len(node.chunks))
-            chunk_rows.extend(node.chunks)
+            # Format 4: each chunk's crc32 also covers its chunk id (known only now).
+            for cid, (partition, offset, csize, codec, crc, dict_id) in enumerate(node.chunks, len(chunk_rows)):
+                chunk_rows.append((partition, offset, csize, codec, bind_chunk_crc(crc, cid), dict_id))
     out = {k: np.array(v, dtype=np.int64 if k == "mtime_ns" else np.uint64) for k, v in cols.items()}
     chunks = np.array(chunk_rows, dtype=np.uint64).reshape(-1, 6)
     for i, name in enumerate(("partition", "offset", "csize", "codec", "crc32", "dict")):

@@ -28,7 +28,6 @@ import collections
 import logging
 import threading
 import time
-import zlib
 from typing import Final, Protocol
 
 import trio
@@ -37,6 +36,7 @@ from fanfs import shared as sh
 from fanfs.cache import LruCache, ObjectCache
 from fanfs.compression import CODEC_NONE, decompress
 from fanfs.errors import ChecksumError, CorruptDataError, FanfsError, KnownCorruptError
+from fanfs.format.layout import chunk_crc
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
 
@@ -97,6 +97,7 @@ class ChunkStore:
         self.shared = shared
         self._limiter = self.limiter
         self._local = reader.local
+        self._crc_binds = reader.crc_binds_chunk
         self._resident = shared.resident
         for number, part in enumerate(reader.partitions):
             if part["size"] == 0:
@@ -459,7 +460,7 @@ class ChunkStore:
     def _decode(self, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
         """Verify and decode stored bytes. Pure: safe in any thread."""
         index = self.index
-        if zlib.crc32(stored) != index.chunk_crc32[cid]:
+        if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
             raise ChecksumError("checksum mismatch")
         return decompress(
             index.chunk_codec[cid], stored, usize, self.reader.dictionary(index.chunk_dict[cid])

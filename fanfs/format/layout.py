@@ -26,10 +26,12 @@ MAGIC: Final = b"FANFSPK\n"
 # Version written. Version 2 added zstd dictionaries (the index's `dicts` blob, the chunk
 # column `dict`, the manifest's `dictionaries`), the manifest's `plan` and codec 4 (lzma).
 # Version 3 lets lz4 chunks refer to a dictionary too (a reader of version 2 would fail them).
-FORMAT_VERSION: Final = 3
+# Version 4 binds each chunk's crc32 to its chunk id (`chunk_crc`): a moved, swapped or
+# duplicated chunk no longer passes as good data.
+FORMAT_VERSION: Final = 4
 # Versions read. A version-1 pack reads as a version-2 pack without dictionaries; version 2
-# reads as version 3.
-READABLE_VERSIONS: Final = (1, 2, 3)
+# reads as version 3; version 3 as version 4 with plain chunk crc32s.
+READABLE_VERSIONS: Final = (1, 2, 3, 4)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 _HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
@@ -74,6 +76,24 @@ NAME_MAX: Final = 255
 
 def partition_name(number: int) -> str:
     return "part-%05d" % number
+
+
+_CHUNK_ID: Final = struct.Struct("<Q")
+
+
+def chunk_crc(stored: bytes | memoryview, chunk: int, binds: bool) -> int:
+    """The checksum a chunk's `crc32` column holds: crc32 of its stored bytes, and from
+    format version 4 (`binds`) continued over its chunk id as 8 bytes little-endian, which
+    ties the bytes to their (file, chunk number): a chunk moved, swapped or copied to another
+    place in the pack no longer matches (docs/format.md section 8)."""
+    crc = zlib.crc32(stored)
+    return bind_chunk_crc(crc, chunk) if binds else crc
+
+
+def bind_chunk_crc(crc: int, chunk: int) -> int:
+    """Format 4's chunk checksum from the plain crc32 of the stored bytes (the pack writer
+    learns a chunk's id only once it is placed)."""
+    return zlib.crc32(_CHUNK_ID.pack(chunk), crc)
 
 
 def index_columns(version: int) -> tuple[tuple[str, str], ...]:

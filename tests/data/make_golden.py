@@ -6,7 +6,8 @@ Writes `src.tar.gz` (the source tree, with names, modes, mtimes and symlinks) an
 codec (`zstd.fan`, `lz4.fan`, `brotli.fan`; from version 2 also `lzma.fan`, and `auto.fan`,
 whose plan stores small JSON files with a zstd dictionary; from version 3 also `lz4dict.fan`,
 whose plan stores them with lz4 and a dictionary, and `shuffle.fan`, zstd after a 4-byte
-shuffle) packed from it. Commit them and never regenerate
+shuffle; version 4 has the same packs, with chunk checksums bound to their chunk ids) packed
+from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
