@@ -285,10 +285,15 @@ def _mount_options(pyfuse3: Any, config: MountConfig) -> set[str]:
             raise UsageError(
                 "-o %s is not supported by fanfs (it breaks the mount or shared mmap)" % option
             )
-    options = set(pyfuse3.default_options) | {"ro", "subtype=fanfs"}
+    # nosuid, nodev: the daemon answers with its own uid (root on a cluster node), so a
+    # setuid file or a device node in an untrusted pack must not take effect.
+    options = set(pyfuse3.default_options) | {"ro", "nosuid", "nodev", "subtype=fanfs"}
     if not any(o.startswith("fsname=") for o in config.options):
         options.add("fsname=fanfs")
     options.update(o for o in config.options if o not in ("rw",))
+    for allowed in ("suid", "dev"):  # an explicit -o suid or -o dev (the user's decision)
+        if allowed in options:
+            options.discard("no" + allowed)
     return options
 
 
@@ -370,7 +375,7 @@ def serve(
     # Ready means the kernel's INIT handshake is done (libfuse then calls ops.init()): a
     # mount the kernel refuses must fail here, not look mounted and hang its readers.
     ops.init_callbacks.append(on_ready)
-    slot, children, filler = _serve_until_unmounted(pyfuse3, ops, store, config, cluster, preload)
+    slot, family = _serve_until_unmounted(pyfuse3, ops, store, config, cluster, preload)
     # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -378,11 +383,7 @@ def serve(
         pyfuse3.close(unmount=False)
         os._exit(0)
     pyfuse3.close(unmount=True)
-    if filler:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(filler, signal.SIGTERM)
-        children.append(filler)
-    _reap(children)
+    family.reap()
     log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
     return 0
 
@@ -478,12 +479,11 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
 
 def _serve_until_unmounted(
     pyfuse3: Any, ops: Any, store: Any, config: MountConfig, cluster: Any, preload: bool
-) -> tuple[int, list[int], int]:
-    """Run the serving loop(s); returns (this process's slot, the other servers' pids, the
-    filler's pid or 0)."""
+) -> tuple[int, _Family]:
+    """Run the serving loop(s); returns this process's slot and, in the first, its children."""
     import trio
 
-    slot, children, filler = 0, [], 0
+    slot, family = 0, _Family()
     try:
         if ops.info["processes"] > 1:
             # Stop right inside INIT, before this loop can read (and, once terminating,
@@ -493,16 +493,16 @@ def _serve_until_unmounted(
             _check_initialized(pyfuse3, ops, config)
             ops.init_callbacks.clear()
             _nonblocking_session(pyfuse3)
-            slot, children = _fork_servers(ops.info["processes"])
+            slot, family.servers = _fork_servers(ops.info["processes"])
             store.shared.use_slot(slot)
             pyfuse3.fanfs_session_reset()
         else:
             _nonblocking_session(pyfuse3)
         if slot == 0 and ops.info["filler"]:
-            filler = _fork_filler(
+            family.filler = _fork_filler(
                 pyfuse3, store, ops.info["processes"], push=config.prefetch_into == "kernel"
             )
-        trio.run(_main, pyfuse3, ops, config, preload and slot == 0, slot == 0, cluster)
+        trio.run(_main, pyfuse3, ops, config, preload and slot == 0, slot == 0, cluster, family)
         _check_initialized(pyfuse3, ops, config)
     except FanfsError:
         raise
@@ -514,7 +514,7 @@ def _serve_until_unmounted(
         if slot:
             os._exit(1)
         raise
-    return slot, children, filler
+    return slot, family
 
 
 def _fork_filler(pyfuse3: Any, store: Any, slot: int, *, push: bool) -> int:
@@ -605,29 +605,96 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _reap(children: list[int]) -> None:
-    """Wait for the other serving processes (the unmount ends them); kill stragglers."""
-    deadline = time.monotonic() + REAP_WAIT_S
-    for pid in children:
-        while True:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
+def _exit_text(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    return "was killed by %s" % signal.Signals(-code).name if code < 0 else "exited with status %d" % code
+
+
+@dataclasses.dataclass(slots=True)
+class _Family:
+    """The first serving process's children: the other serving processes and the filler."""
+
+    servers: list[int] = dataclasses.field(default_factory=list)
+    filler: int = 0
+
+    def collect(self) -> list[str]:
+        """Reap the children that have exited, so none is left a zombie (the filler ends
+        once the cache is full); returns what happened to each serving process that exited
+        with a status other than 0 (0 is an unmount, seen before this process's own loop
+        has ended)."""
+        deaths = []
+        for pid in [*self.servers, self.filler]:
+            if not pid:
+                continue
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if not done:
+                continue
+            if pid == self.filler:
+                self.filler = 0
+                log.debug("background fill process %d %s", pid, _exit_text(status))
+                continue
+            self.servers.remove(pid)
+            if status:
+                deaths.append("serving process %d %s" % (pid, _exit_text(status)))
+        return deaths
+
+    def kill(self) -> None:
+        for pid in [*self.servers, self.filler]:
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def reap(self) -> None:
+        """At unmount: stop the filler, wait for the other serving processes (the unmount
+        ends them), kill stragglers after REAP_WAIT_S."""
+        if self.filler:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.filler, signal.SIGTERM)
+        deadline = time.monotonic() + REAP_WAIT_S
+        while (self.servers or self.filler) and time.monotonic() < deadline:
+            self.collect()
             time.sleep(0.01)
+        self.kill()
+        self.collect()
+
+
+async def _watch_family(family: _Family, mountpoint: str) -> None:
+    """First process: reap children as they exit, and if another serving process dies, take
+    the whole mount down at once. The requests the kernel had handed to it would otherwise
+    wait forever (no other process can answer them, and the kernel keeps the connection open
+    while any process holds /dev/fuse). Once every process holding it has exited, the kernel
+    aborts the connection: waiting readers get ENOTCONN, and `fanfs umount` clears the mount."""
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGCHLD) as signals:
+        while True:
+            deaths = family.collect()  # also those from before the receiver existed
+            if deaths:
+                log.critical(
+                    "%s; taking the mount of %s down so that no reader waits for the requests "
+                    "it held (readers get ENOTCONN; clear it with fanfs umount %s)",
+                    "; ".join(deaths), mountpoint, mountpoint,
+                )
+                family.kill()
+                logging.shutdown()
+                os._exit(1)
+            await signals.__anext__()
 
 
 async def _main(
-    pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any
+    pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any,
+    family: _Family,
 ) -> None:
     import trio
 
     store = ops.store
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_handle_signals, pyfuse3, cluster)
+        if first and (family.servers or family.filler):
+            nursery.start_soon(_watch_family, family, config.mountpoint)
         if cluster is not None:
             nursery.start_soon(cluster.run)
         if first:
