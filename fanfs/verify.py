@@ -14,6 +14,7 @@ import os
 import stat
 import sys
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,19 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
     lines += ["", summary_table(manifest)]
     plan = manifest.get("plan")
     if plan:
-        from fanfs.plan import realised_table, summary_lines
-
-        lines += ["", "codec plan (--codec auto), as planned and as realised:", realised_table(plan)]
-        lines += summary_lines(plan)
+        lines += ["", *_plan_lines(plan)]
     return "\n".join(lines)
+
+
+def _plan_lines(plan: dict[str, Any]) -> list[str]:
+    """The plan record as tables. It is informational, free-form and no reader depends on
+    it, so a malformed one (an untrusted pack) is named rather than refused or trusted."""
+    from fanfs.plan import realised_table, summary_lines
+
+    try:
+        return ["codec plan (--codec auto), as planned and as realised:", realised_table(plan), *summary_lines(plan)]
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError):
+        return ["codec plan: the manifest's plan record is malformed (fanfs inspect --json shows it)"]
 
 
 def _chunk_owners(reader: PackReader) -> np.ndarray:

@@ -247,3 +247,46 @@ def test_a_serving_process_that_dies_takes_the_mount_down_instead_of_hanging_rea
     result = run_fanfs("umount", mount.mnt)
     assert (result.returncode, result.stderr) == (0, "")
     assert mountinfo(mount.mnt) is None
+
+
+def _peak_rss(pid: int) -> int:
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM for %d" % pid)
+
+
+def test_a_decompression_bomb_is_eio_with_the_daemon_memory_flat(
+    tmp_path: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """A chunk replaced by a zstd frame that declares 1 GiB (32 KiB stored, within its 64 KiB
+    chunk), every checksum recomputed: the daemon decoded all of it before the size check
+    (peak RSS +1 GiB). Now the frame's header is refused: EIO, one ERROR line, no growth."""
+    import zstandard
+
+    from tests.forge import PackImage
+
+    pack, content = _pack_tree(tmp_path, files=8)
+    image = PackImage(pack)
+    victim = "d01/f001.txt"
+    cid = int(image.columns["first"][image.entry_of(victim.encode())]) + 1
+    cobj = zstandard.ZstdCompressor(level=19).compressobj(size=1 << 30)
+    bomb = b"".join([*(cobj.compress(bytes(1 << 24)) for _ in range(64)), cobj.flush()])
+    assert len(bomb) <= 64 * 1024
+    image.set_chunk(cid, bomb)
+    forged = image.save(tmp_path / "bomb.fan")
+    assert run_fanfs("verify", "-q", forged).returncode == 3
+    mount = mount_factory(forged, "--processes", "1", "--preload", "no", "--prefetch", "off", "--cache-memory", "0")
+    assert mount.proc is not None
+    others = {rel: data for rel, data in content.items() if rel != victim}
+    assert _read_all(mount.mnt, others) == dict.fromkeys(others)
+    before = _peak_rss(mount.proc.pid)
+    with pytest.raises(OSError) as info:
+        (mount.mnt / victim).read_bytes()
+    assert info.value.errno == errno.EIO
+    assert _peak_rss(mount.proc.pid) - before < 32 << 20
+    assert _read_all(mount.mnt, others) == dict.fromkeys(others)  # still serving
+    (line,) = mount.log_lines("ERROR")
+    assert line.endswith("zstd: frame declares 1073741824 bytes, expected 65536 in %s (chunk 1, partition %d, offset %d)"
+                         % (victim, image.columns["partition"][cid], image.columns["offset"][cid]))

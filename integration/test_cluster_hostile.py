@@ -1,0 +1,57 @@
+"""Hostile packs in cluster mode (issue 10): real `mpirun` jobs whose pack names a partition
+outside itself. Rank 0 validates the pack before anything is staged, and every rank stops
+with the same one-line error: nothing is written outside the cache dirs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.conftest import MpiJob
+from tests.conftest import run_fanfs
+from tests.forge import PackImage
+from tests.treegen import label_text, write_tree
+
+pytestmark = pytest.mark.mpi
+
+StartJob = Callable[..., MpiJob]
+EXIT_DEADLINE_S = 45.0
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("hostile-cluster")
+    src = write_tree(base / "src", {"d%d/f%02d.txt" % (i % 3, i): label_text(20_000, i) for i in range(30)})
+    out = base / "good.fan"
+    assert run_fanfs("pack", src, out, "-q", "--partitions", "4", "--chunk-size", "64KiB").returncode == 0
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/fanfs-escaped-by-a-pack"])
+def test_a_partition_named_outside_the_pack_stops_every_rank_before_staging(
+    mpi_jobs: StartJob, pack: Path, tmp_path: Path, name: str
+) -> None:
+    """A root rank used to copy `PACK/NAME` to `CACHE/pack-XXXXXXXX/NAME` (plus a .verified
+    marker) wherever NAME led. '../../escaped' from a rank's stage dir is the job's workdir."""
+    def rename(manifest: dict[str, Any]) -> None:
+        manifest["partitions"][1]["file"] = name
+
+    forged = PackImage(pack).save(tmp_path / "forged.fan", after=rename)
+    (tmp_path / "forged.fan" / "escaped").write_bytes(b"attacker bytes")  # what ../ would reach
+    job = mpi_jobs(forged, 3, ready=False, name="job")
+    code = job.wait_exit(EXIT_DEADLINE_S)
+    out = job.output()
+    message = "fanfs mount: error: %s: manifest field partitions[1].file is %r, expected 'part-00001'" % (forged, name)
+    assert code == 3, "mpirun exited %d:\n%s" % (code, out)
+    assert out.count(message) == 3, out
+    assert "Traceback" not in out, out
+    assert job.mounted() == []
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "escaped" in p.name)
+    assert written == ["forged.fan/escaped"]
+    assert not Path("/tmp/fanfs-escaped-by-a-pack").exists()
+    # Nothing was staged either: rank 0 refused the pack before any rank copied a byte.
+    assert [p for p in (tmp_path / "job").rglob("part-*")] == []
