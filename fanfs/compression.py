@@ -112,7 +112,7 @@ def parse_codec(text: str) -> CodecSpec:
             "a dictionary is trained per class: give %r in --codecs with --codec auto" % text.strip()
         )
     base, plus, shuffle_text = text.strip().lower().partition("+shuf")
-    name, _, level_text = base.partition(":")
+    name, colon, level_text = base.partition(":")
     codec_id = _CODEC_IDS.get(name)
     if codec_id is None:
         raise UsageError("unknown codec %r (choose %s)" % (text, CODEC_CHOICES))
@@ -124,10 +124,12 @@ def parse_codec(text: str) -> CodecSpec:
         if codec_id == CODEC_NONE:
             raise UsageError("none takes no shuffle (got %r)" % text)
     low, high = _LEVEL_RANGES[name]
-    if not level_text:
+    if not colon:
         return CodecSpec(codec_id, _DEFAULT_LEVELS[name], shuffle)
     if low == high:
         raise UsageError("codec %s takes no level (got %r)" % (name, text))
+    if not level_text:
+        raise UsageError("missing level after ':' in %r (write %s for the default level)" % (text, name))
     try:
         level = int(level_text)
     except ValueError:

@@ -27,6 +27,7 @@ unknown path is counted as missing and skipped, and reads work the same without 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 
 XATTR: Final = "user.fanfs.hints"
 MAX_LINE: Final = 64 * 1024
-MAX_INDICES: Final = 1 << 31
+MAX_CONNECTIONS: Final = 8  # hint connections served at once; more are refused
+RESOLVE_BATCH: Final = 8192  # paths resolved per worker-thread call
 
 
 def socket_path(mountpoint: str) -> str:
@@ -92,13 +94,27 @@ class HintChannel:
             raw = os.fsencode(path)
             lines.append(raw if b"\n" not in raw else b"")
         lines.append(b"end\n")
-        self._sock.sendall(b"\n".join(lines))
-        answer = self._reply.readline().split()
-        if len(answer) != 3 or answer[0] != b"ok":
-            raise UsageError(
-                "%s: the mount refused the hints (%r)" % (self.mountpoint, b" ".join(answer))
-            )
+        answer = self._ask(b"\n".join(lines))
+        if len(answer) != 3:
+            raise UsageError("%s: bad answer from the mount (%r)" % (self.mountpoint, answer))
         return int(answer[1]), int(answer[2])
+
+    def _ask(self, request: bytes) -> list[bytes]:
+        """Send `request`; the daemon's "ok ..." answer split in words, or UsageError with
+        the daemon's reason when it refuses ("error REASON", then it hangs up)."""
+        try:
+            self._sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused part-way: its reason is waiting to be read
+        line = self._reply.readline()
+        answer = line.split()
+        if answer[:1] == [b"ok"]:
+            return answer
+        reason = line[6:].strip().decode(errors="replace") if line.startswith(b"error ") else None
+        raise UsageError(
+            "%s: the mount refused the hints: %s"
+            % (self.mountpoint, reason or "no answer (%r)" % line[:80])
+        )
 
     def register(self, paths: Iterable[str | bytes]) -> tuple[int, int]:
         """Send the dataset's paths once (sample i is paths[i]); later orders can then be
@@ -111,16 +127,16 @@ class HintChannel:
         order = np.asarray(
             list(indices) if not hasattr(indices, "__len__") else indices, dtype="<u4"
         )
-        self._sock.sendall(b"indices %d\n" % len(order) + order.tobytes())
-        answer = self._reply.readline().split()
-        if not answer or answer[0] != b"ok":
-            raise UsageError(
-                "%s: the mount refused the order (%r)" % (self.mountpoint, b" ".join(answer))
-            )
+        self._ask(b"indices %d\n" % len(order) + order.tobytes())
 
     def progress(self, position: int) -> None:
         """The reader has reached `position` in the last order sent."""
-        self._sock.sendall(b"at %d\n" % position)
+        try:
+            self._sock.sendall(b"at %d\n" % position)
+        except OSError as exc:
+            raise UsageError(
+                "%s: the hint connection was closed (%s)" % (self.mountpoint, exc.strerror)
+            ) from exc
 
     def close(self) -> None:
         self._reply.close()
@@ -153,33 +169,81 @@ def resolve(index: Index, mountpoint: bytes, path: bytes) -> int:
     return entry if stat.S_ISREG(index.mode[entry]) else -1
 
 
-async def serve_hints(prefetcher: Prefetcher, index: Index, mountpoint: str, path: str) -> None:
-    """Accept hint connections on the Unix socket `path` until cancelled; removes it then."""
+def order_limit(index: Index) -> int:
+    """The most paths or indices one order may hold: twice the pack's entries (an epoch
+    that samples with replacement), at least 64 Ki. Bounds a connection's memory."""
+    return max(2 * index.entry_count, 1 << 16)
+
+
+class HintError(ValueError):
+    """A hint command the daemon refuses; the client gets "error MESSAGE" and the
+    connection is closed."""
+
+
+def bind_hint_socket(path: str) -> socket.socket:
+    """Create the listening hint socket at `path`, mode 0600 from the start (bound under a
+    umask, never chmod-ed by name). A stale socket of this user at that path is replaced;
+    anything else there is left alone and the socket is not created (OSError)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            raise FileExistsError(errno.EEXIST, "something that is not our socket is there")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.listen(16)
+    return sock
+
+
+async def serve_hints(
+    listener: socket.socket, prefetcher: Prefetcher, index: Index, mountpoint: str
+) -> None:
+    """Accept hint connections on `listener` (from `bind_hint_socket`) until cancelled, at
+    most MAX_CONNECTIONS at a time; removes the socket then."""
     import trio
 
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    listener_sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await listener_sock.bind(path)
-    os.chmod(path, 0o600)
-    listener_sock.listen(16)
-    listeners = [trio.SocketListener(listener_sock)]
+    path = listener.getsockname()
+    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(listener))]
     root = os.fsencode(mountpoint)
+    slots = trio.Semaphore(MAX_CONNECTIONS)
+    limit = order_limit(index)
 
     async def handle(stream: trio.SocketStream) -> None:
         async with stream:
-            try:
-                await _converse(stream, prefetcher, index, root)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            except ValueError as exc:
-                log.warning("hint client sent a bad command (%s); connection closed", exc)
+            if slots.value == 0:
+                await _refuse(stream, "too many hint connections (at most %d)" % MAX_CONNECTIONS)
+                return
+            async with slots:
+                try:
+                    await _converse(stream, prefetcher, index, root, limit)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                except HintError as exc:
+                    log.warning("refused a hint client: %s", exc)
+                    await _refuse(stream, str(exc))
 
     try:
         await trio.serve_listeners(handle, listeners)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+async def _refuse(stream: Any, message: str) -> None:
+    import trio
+
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.send_all(b"error %s\n" % message.encode())
 
 
 class _Lines:
@@ -198,13 +262,13 @@ class _Lines:
     async def line(self) -> bytes | None:
         start = 0
         while True:
-            end = self.buf.find(b"\n", start)
+            end = self.buf.find(b"\n", start, MAX_LINE + 1)
             if end >= 0:
                 line = bytes(self.buf[:end])
                 del self.buf[: end + 1]
                 return line
             if len(self.buf) > MAX_LINE:
-                raise ValueError("line longer than %d bytes" % MAX_LINE)
+                raise HintError("line longer than %d bytes" % MAX_LINE)
             start = len(self.buf)
             if not await self._more():
                 return None
@@ -218,19 +282,16 @@ class _Lines:
         return data
 
 
-async def _converse(stream: Any, prefetcher: Prefetcher, index: Index, root: bytes) -> None:
-    import trio
-
+async def _converse(
+    stream: Any, prefetcher: Prefetcher, index: Index, root: bytes, limit: int
+) -> None:
     reader = _Lines(stream)
     table = np.zeros(0, dtype=np.int64)  # this connection's registered paths, as entries
     while (line := await reader.line()) is not None:
         if line in (b"order", b"paths"):
-            paths = []
-            while (path := await reader.line()) != b"end":
-                if path is None:
-                    return
-                paths.append(path)
-            entries = await trio.to_thread.run_sync(_resolve_all, index, root, paths)
+            entries = await _read_paths(reader, index, root, limit, line.decode())
+            if entries is None:
+                return
             missing = int((entries < 0).sum())
             if line == b"order":
                 prefetcher.set_hints(entries)
@@ -238,23 +299,53 @@ async def _converse(stream: Any, prefetcher: Prefetcher, index: Index, root: byt
                 table = entries
             await stream.send_all(b"ok %d %d\n" % (len(entries) - missing, missing))
         elif line.startswith(b"indices "):
-            count = int(line[8:])
-            if not 0 <= count <= MAX_INDICES:
-                raise ValueError("bad index count %d" % count)
+            count = _number(line[8:], line)
+            if count > limit:
+                raise HintError("order of %d indices is longer than the limit of %d" % (count, limit))
             raw = await reader.block(4 * count)
             if raw is None:
                 return
             indices = np.frombuffer(raw, dtype="<u4")
             if count and int(indices.max()) >= len(table):
-                raise ValueError(
+                raise HintError(
                     "index %d past the %d registered paths" % (indices.max(), len(table))
                 )
             prefetcher.set_hints(table[indices])
             await stream.send_all(b"ok %d\n" % count)
         elif line.startswith(b"at "):
-            prefetcher.hint_progress(int(line[3:]))
+            prefetcher.hint_progress(_number(line[3:], line))
         elif line:
-            raise ValueError("unknown command %r" % line[:40])
+            raise HintError("unknown command %r" % line[:40])
+
+
+def _number(text: bytes, line: bytes) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise HintError("bad number in %r" % line[:40])
+    return int(text)
+
+
+async def _read_paths(
+    reader: _Lines, index: Index, root: bytes, limit: int, command: str
+) -> np.ndarray | None:
+    """The entries of the paths up to "end", resolved in batches as they arrive (memory:
+    8 bytes a path, not the path); None if the client went away."""
+    import trio
+
+    batches: list[np.ndarray] = []
+    batch: list[bytes] = []
+    count = 0
+    while (path := await reader.line()) != b"end":
+        if path is None:
+            return None
+        count += 1
+        if count > limit:
+            raise HintError("%s longer than the limit of %d paths" % (command, limit))
+        batch.append(path)
+        if len(batch) == RESOLVE_BATCH:
+            batches.append(await trio.to_thread.run_sync(_resolve_all, index, root, batch))
+            batch = []
+    batches.append(await trio.to_thread.run_sync(_resolve_all, index, root, batch))
+    return np.concatenate(batches)
 
 
 def _resolve_all(index: Index, root: bytes, paths: list[bytes]) -> np.ndarray:

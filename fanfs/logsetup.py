@@ -5,9 +5,13 @@ Not named logging.py so it never shadows the stdlib module.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
-from typing import Final
+from typing import Any, Final
+
+from fanfs.errors import MountSetupError
 
 LOG_ONCE: Final = {"log_once": True}
 
@@ -32,10 +36,9 @@ class LogOnceFilter(logging.Filter):
 def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | None = None, prefix: str = "") -> None:
     """Send fanfs's records to stderr (commands) or to `logfile` (a background daemon)."""
     root = logging.getLogger("fanfs")
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    handler: logging.Handler
     if logfile:
-        handler: logging.Handler = logging.FileHandler(logfile)
+        handler = _open_log(logfile)  # first: if it fails, the old handlers stay
         fmt = "%(asctime)s.%(msecs)03d %(process)d " + prefix + "%(levelname)s %(name)s: %(message)s"
         handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
     else:
@@ -43,6 +46,8 @@ def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | No
         handler.setFormatter(logging.Formatter("fanfs: " + prefix + "%(levelname_lower)s: %(message)s"))
         handler.addFilter(_lower_level)
     handler.addFilter(LogOnceFilter())
+    for old in list(root.handlers):
+        root.removeHandler(old)
     root.addHandler(handler)
     root.propagate = False
     root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
@@ -54,3 +59,29 @@ def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | No
 def _lower_level(record: logging.LogRecord) -> bool:
     record.levelname_lower = record.levelname.lower()
     return True
+
+
+class NoFollowFileHandler(logging.FileHandler):
+    """A log file opened with O_NOFOLLOW, created mode 0600: a daemon running as root never
+    appends through a symlink someone planted at its log's path."""
+
+    def _open(self) -> Any:
+        return open(  # noqa: SIM115 - the handler owns and closes the stream
+            self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=_nofollow
+        )
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _open_log(logfile: str) -> logging.Handler:
+    try:
+        return NoFollowFileHandler(logfile)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise MountSetupError(
+                "log file %s is a symbolic link; fanfs does not write through links "
+                "(give the real path with --log)" % logfile
+            ) from exc
+        raise MountSetupError("cannot write the log file %s: %s" % (logfile, exc.strerror)) from exc

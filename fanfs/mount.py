@@ -33,6 +33,7 @@ from fanfs.errors import FanfsError, MountSetupError, UsageError
 from fanfs.format.reader import PackReader
 from fanfs.logsetup import setup_logging
 from fanfs.mountinfo import find_mount
+from fanfs.runtime import runtime_dir
 from fanfs.shared import SharedState
 
 log = logging.getLogger(__name__)
@@ -149,20 +150,13 @@ def _import_pyfuse3() -> Any:
     return pyfuse3
 
 
-def _runtime_dir() -> str:
-    """The per-user directory for daemon logs and hint sockets (mode 0700)."""
-    directory = "/tmp/fanfs-%d" % os.getuid()
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    return directory
-
-
 def _mount_digest(mountpoint: str, length: int) -> str:
     return hashlib.sha1(mountpoint.encode(errors="surrogateescape")).hexdigest()[:length]
 
 
 def _default_logfile(mountpoint: str) -> str:
     name = "mount%s-%s.log" % (mountpoint.replace("/", "-"), _mount_digest(mountpoint, 8))
-    return os.path.join(_runtime_dir(), name)
+    return os.path.join(runtime_dir(), name)
 
 
 def _hints_socket_path(mountpoint: str, cache_dir: str | None) -> str:
@@ -171,7 +165,7 @@ def _hints_socket_path(mountpoint: str, cache_dir: str | None) -> str:
     107 bytes)."""
     if cache_dir:
         return os.path.join(cache_dir, "hints.sock")
-    return os.path.join(_runtime_dir(), "hints-%s.sock" % _mount_digest(mountpoint, 12))
+    return os.path.join(runtime_dir(), "hints-%s.sock" % _mount_digest(mountpoint, 12))
 
 
 def mount_from_args(args: argparse.Namespace) -> int:
@@ -222,6 +216,7 @@ def _cluster_from_config(config: MountConfig, rank: int) -> int:
 
 def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: str) -> int:
     """Fork; the parent returns once the child has mounted (or failed, with its message)."""
+    setup_logging(debug=config.debug, logfile=logfile)  # a bad log path fails here, in one line
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
@@ -240,7 +235,6 @@ def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: s
     pipe = [write_fd]  # emptied once the parent has been told; the fd number is then reused
     code = 1
     try:
-        setup_logging(debug=config.debug, logfile=logfile)
         _detach_stdio()
 
         def ready() -> None:
@@ -712,7 +706,6 @@ def _start_prefetcher(
 ) -> None:
     """This process's prefetcher; the first process also fills the object cache in the
     background and serves the hint socket."""
-    from fanfs.hints import serve_hints
     from fanfs.prefetch import Prefetcher
 
     # The first process of a cluster mount fills the object cache in a thread; a single-node
@@ -727,15 +720,22 @@ def _start_prefetcher(
     ops.prefetcher = prefetcher
     nursery.start_soon(prefetcher.run)
     if first:
-        nursery.start_soon(_serve_hints, serve_hints, prefetcher, ops, config)
+        _start_hints(nursery, prefetcher, ops, config)
 
 
-async def _serve_hints(serve_hints: Any, prefetcher: Any, ops: Any, config: MountConfig) -> None:
+def _start_hints(nursery: Any, prefetcher: Any, ops: Any, config: MountConfig) -> None:
+    """Bind the hint socket now, before the kernel's first request is answered: a client
+    that sees the mount finds the socket."""
+    from fanfs.hints import bind_hint_socket, serve_hints
+
+    path = ops.info["hints"]
     try:
-        await serve_hints(prefetcher, ops.index, config.mountpoint, ops.info["hints"])
+        listener = bind_hint_socket(path)
     except OSError as exc:
-        log.warning("no hint socket at %s (%s); sampler hints are off", ops.info["hints"], exc)
+        log.warning("no hint socket at %s (%s); sampler hints are off", path, exc.strerror or exc)
         ops.info.pop("hints", None)
+        return
+    nursery.start_soon(serve_hints, listener, prefetcher, ops.index, config.mountpoint)
 
 
 _EARLY_SIGNALS: list[int] = []

@@ -1,6 +1,8 @@
 """`fanfs umount MOUNTPOINT [--lazy]`: unmount and wait for the daemon to exit.
 
-Works for live and dead (crashed, ENOTCONN) mounts alike. Never imports pyfuse3.
+Works for live, dead (crashed, ENOTCONN) and frozen (stopped, hung) mounts alike: the daemon
+is asked its pid in a child process bounded by a timeout, `--lazy` asks it nothing, and
+fusermount3 is bounded too. Never imports pyfuse3.
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import time
 from typing import Final
@@ -18,44 +22,88 @@ from fanfs.mountinfo import find_mount
 
 # How long to wait for the daemon to exit after the kernel has let go of the mount.
 EXIT_WAIT_S: Final = 10.0
+QUERY_TIMEOUT_S: Final = 2  # for the daemon to say its pid (a frozen one never does)
+FUSERMOUNT_TIMEOUT_S: Final = 20
 
 
-def _daemon_pid(mountpoint: str) -> int | None:
+def _ask_daemon(mountpoint: str) -> tuple[int | None, int | None] | None:
+    """(daemon pid, cluster rank or None) read from the mount's attributes, in a forked
+    child so that a frozen daemon cannot hang this command: None if it does not answer
+    within QUERY_TIMEOUT_S (the child, blocked in the kernel, is killed)."""
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # two getxattr calls, the answer down the pipe, _exit
+        code = 0
+        try:
+            os.close(read_fd)
+            os.write(write_fd, json.dumps(_query(mountpoint)).encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    answer = None
     try:
-        return int(os.getxattr(mountpoint, "user.fanfs.pid"))
-    except (OSError, ValueError):
+        ready, _, _ = select.select([read_fd], [], [], QUERY_TIMEOUT_S)
+        if ready:
+            answer = os.read(read_fd, 4096)
+        else:
+            os.kill(child, signal.SIGKILL)  # a request to FUSE yields to a fatal signal
+    finally:
+        os.close(read_fd)
+        os.waitpid(child, 0)
+    if not answer:
         return None
+    pid, rank = json.loads(answer)
+    return pid, rank
 
 
-def _cluster_rank(mountpoint: str) -> int | None:
-    """The MPI rank serving `mountpoint`, or None for a single-node mount."""
+def _query(mountpoint: str) -> tuple[int | None, int | None]:
+    try:
+        pid: int | None = int(os.getxattr(mountpoint, "user.fanfs.pid"))
+    except (OSError, ValueError):
+        pid = None
     try:
         rank = json.loads(os.getxattr(mountpoint, "user.fanfs.stats")).get("rank")
-    except (OSError, ValueError):
-        return None
-    return rank if isinstance(rank, int) else None
+    except (OSError, ValueError, AttributeError):
+        rank = None
+    return pid, rank if isinstance(rank, int) else None
 
 
 def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
     """Unmount; returns a note for the user, if any (a cluster rank's daemon outlives its
-    mount until the job ends)."""
+    mount until the job ends). `lazy` detaches at once and asks the daemon nothing."""
     entry = find_mount(mountpoint)
     if entry is None:
         raise UsageError("%s is not mounted" % mountpoint)
     if entry.fstype != "fuse.fanfs":
         raise UsageError("%s is not a fanfs mount (it is %s)" % (mountpoint, entry.fstype))
-    pid = _daemon_pid(mountpoint)
-    rank = _cluster_rank(mountpoint)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise MountSetupError("fusermount3 not found (install the fuse3 package)")
+    answer = None if lazy else _ask_daemon(mountpoint)
+    pid, rank = answer or (None, None)
     cmd = [tool, "-u"] + (["-z"] if lazy else []) + [os.path.abspath(mountpoint)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, timeout=FUSERMOUNT_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise MountSetupError(
+            "%s: %s -u did not finish within %ds; detach it with: fanfs umount --lazy %s"
+            % (mountpoint, os.path.basename(tool), FUSERMOUNT_TIMEOUT_S, mountpoint)
+        ) from None
     if proc.returncode != 0:
         message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "exit %d" % proc.returncode
         if "busy" in message.lower():
             raise MountSetupError("%s is busy (files are open); close them, or use --lazy" % mountpoint)
         raise MountSetupError("cannot unmount %s: %s" % (mountpoint, message))
+    if not lazy and answer is None:
+        raise MountSetupError(
+            "%s unmounted, but its daemon did not answer within %ds (stopped or hung?), so "
+            "fanfs could not wait for it to exit; find it with: pgrep -af 'fanfs mount'"
+            % (mountpoint, QUERY_TIMEOUT_S)
+        )
     if rank is not None:
         # It stops serving its partitions to the other ranks now, but MPI lets its process
         # exit only with the job (MPI_Finalize waits for every rank).

@@ -366,8 +366,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def mpi_jobs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., MpiJob]]:
-    """`start(pack, np, *extra, recovery=False, ready=True, cache_dir=True, absent=(), name=None)`
-    returns a started `MpiJob` (`absent`: ranks whose mountpoint is not created).
+    """`start(pack, np, *extra, recovery=False, ready=True, cache_dir=True, absent=(), name=None,
+    prepare=None)` returns a started `MpiJob` (`absent`: ranks whose mountpoint is not created;
+    `prepare(workdir)` runs before mpirun).
 
     With `ready`, waits until every rank has mounted. At the end of a passing test every job
     still running is stopped with SIGTERM and must leave no mount; then, pass or fail, every
@@ -385,9 +386,12 @@ def mpi_jobs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callabl
         cache_dir: bool = True,
         absent: tuple[int, ...] = (),
         name: str | None = None,
+        prepare: Callable[[Path], None] | None = None,
     ) -> MpiJob:
         workdir = tmp_path / (name or "job%d" % len(jobs))
         workdir.mkdir()
+        if prepare is not None:
+            prepare(workdir)
         job = MpiJob(
             workdir, pack, np, extra, recovery=recovery, cache_dir=cache_dir, absent=absent
         )

@@ -4,14 +4,17 @@ with the same one-line error: nothing is written outside the cache dirs."""
 
 from __future__ import annotations
 
+import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fanfs.format.layout import MANIFEST_NAME
 from integration.conftest import MpiJob
-from tests.conftest import run_fanfs
+from tests.conftest import NOBODY, run_fanfs
 from tests.forge import PackImage
 from tests.treegen import label_text, write_tree
 
@@ -55,3 +58,72 @@ def test_a_partition_named_outside_the_pack_stops_every_rank_before_staging(
     assert not Path("/tmp/fanfs-escaped-by-a-pack").exists()
     # Nothing was staged either: rank 0 refused the pack before any rank copied a byte.
     assert [p for p in (tmp_path / "job").rglob("part-*")] == []
+
+
+# --- cache dirs other users can change (docs/security.md) ------------------------------------
+
+NP = 2
+
+
+def assert_each_rank_refused(out: str, messages: list[str]) -> None:
+    """Each rank printed its own refusal once (mpirun may join the ranks' lines)."""
+    for message in messages:
+        assert out.count("fanfs mount: error: " + message) == 1, out
+    assert out.count("fanfs mount: error: ") == len(messages), out
+
+
+@pytest.mark.timeout(90)
+def test_a_cache_dir_writable_by_others_is_refused_by_every_rank(
+    mpi_jobs: StartJob, pack: Path
+) -> None:
+    def world_writable(workdir: Path) -> None:
+        for rank in range(NP):
+            (workdir / ("cache%d" % rank)).mkdir(mode=0o777)
+            (workdir / ("cache%d" % rank)).chmod(0o777)
+
+    job = mpi_jobs(pack, NP, ready=False, name="job", prepare=world_writable)
+    code = job.wait_exit(EXIT_DEADLINE_S)
+    out = job.output()
+    assert code == 4, "mpirun exited %d:\n%s" % (code, out)
+    assert "Traceback" not in out, out
+    assert_each_rank_refused(out, [
+        "refusing to use --cache-dir %s: it is writable by others (other users could replace "
+        "what fanfs writes there; use a directory only you can write)"
+        % (job.workdir / ("cache%d" % rank))
+        for rank in range(NP)
+    ])
+    assert job.mounted() == []
+    assert [p for p in job.workdir.rglob("pack-*")] == []
+
+
+@pytest.mark.timeout(90)
+def test_a_planted_stage_dir_in_a_shared_cache_dir_is_refused(
+    mpi_jobs: StartJob, pack: Path, tmp_path: Path
+) -> None:
+    """A cache dir on shared scratch (sticky and world-writable, like /tmp): another user
+    plants `pack-CRC` as a symlink to a directory of theirs before the job stages. Root's
+    ranks used to write the index, the manifest and partitions through it."""
+    stage_name = "pack-%08x" % zlib.crc32((pack / MANIFEST_NAME).read_bytes())
+    victim = tmp_path / "attacker-dir"
+    victim.mkdir()
+
+    def plant(workdir: Path) -> None:
+        for rank in range(NP):
+            cache = workdir / ("cache%d" % rank)
+            cache.mkdir()
+            cache.chmod(0o1777)
+            (cache / stage_name).symlink_to(victim)
+            os.lchown(cache / stage_name, NOBODY, NOBODY)
+
+    job = mpi_jobs(pack, NP, ready=False, name="job", prepare=plant)
+    code = job.wait_exit(EXIT_DEADLINE_S)
+    out = job.output()
+    assert code == 4, "mpirun exited %d:\n%s" % (code, out)
+    assert "Traceback" not in out, out
+    assert_each_rank_refused(out, [
+        "refusing to use %s: it is a symbolic link (it must be a directory of uid %d with mode "
+        "0700; remove it)" % (job.workdir / ("cache%d" % rank) / stage_name, os.geteuid())
+        for rank in range(NP)
+    ])
+    assert list(victim.iterdir()) == []
+    assert job.mounted() == []

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,30 @@ TEST_FSNAME = "fanfs-test"
 MOUNT_WAIT_S = 20.0
 # Kill a test mount's server this long after it started (before pytest's 300 s timeout).
 WATCHDOG_S = 240.0
+NOBODY = 65534  # the second, unprivileged user of the attacker tests
+
+
+def as_nobody(
+    *cmd: str | os.PathLike[str], env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` as user and group nobody (needs root and setpriv)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as a second user")
+    return subprocess.run(
+        ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", *map(str, cmd)],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd="/",
+    )
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can traverse (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="fanfs-public-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_fanfs(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -108,6 +133,9 @@ class Mount:
             print("watchdog: killing the fanfs server of %s after %ds" % (self.mnt, WATCHDOG_S), file=sys.stderr)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+    def mounted(self) -> bool:
+        return _mount_entry(self.mnt) is not None
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -18,6 +18,7 @@ from fanfs.cluster.remote import RemoteSource
 from fanfs.cluster.staging import StageResult, _agree, stage
 from fanfs.errors import FanfsError, MountSetupError
 from fanfs.format.reader import PackReader
+from fanfs.runtime import check_writable_by_owner_only
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ def cluster_mount(config: Any, pyfuse3: Any) -> int:
         check_mountpoint(config.mountpoint)
         if not config.cache_dir:
             raise MountSetupError("cluster mode needs --cache-dir (node-local storage for this node's share)")
-        os.makedirs(config.cache_dir, exist_ok=True)
+        os.makedirs(config.cache_dir, mode=0o700, exist_ok=True)
+        check_writable_by_owner_only(config.cache_dir, "--cache-dir")
     except FanfsError as exc:
         error = exc
     except OSError as exc:

@@ -23,6 +23,7 @@ from fanfs.cluster.topology import place, stage_rounds
 from fanfs.errors import ClusterInitError, FanfsError, PackFormatError
 from fanfs.format.layout import INDEX_NAME, MANIFEST_NAME, open_pack_file, partition_name, read_manifest
 from fanfs.format.reader import PackReader
+from fanfs.runtime import create_new, private_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,6 @@ def _read_head(pack: str) -> tuple[bytes, bytes]:
     return _read_pack_file(pack, MANIFEST_NAME), _read_pack_file(pack, INDEX_NAME)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _share_head(transport: Any, pack: str, cache_dir: str) -> tuple[str, bytes]:
     head, error = None, None
     if transport.rank == 0:
@@ -87,9 +81,16 @@ def _share_head(transport: Any, pack: str, cache_dir: str) -> tuple[str, bytes]:
     manifest = transport.bcast_blob(head[0] if head else None)
     index = transport.bcast_blob(head[1] if head else None)
     stage_dir = os.path.join(cache_dir, "pack-%08x" % zlib.crc32(manifest))
-    os.makedirs(stage_dir, exist_ok=True)
-    _write_atomic(os.path.join(stage_dir, INDEX_NAME), index)
-    _write_atomic(os.path.join(stage_dir, MANIFEST_NAME), manifest)
+    error = None
+    try:
+        private_dir(stage_dir)
+        write_atomic(os.path.join(stage_dir, INDEX_NAME), index)
+        write_atomic(os.path.join(stage_dir, MANIFEST_NAME), manifest)
+    except FanfsError as exc:
+        error = exc
+    except OSError as exc:
+        error = ClusterInitError("cannot write to %s: %s" % (stage_dir, exc.strerror or exc))
+    _agree(transport, error)
     return stage_dir, manifest
 
 
@@ -107,7 +108,7 @@ def _copy_partition(pack: str, stage_dir: str, number: int, part: dict[str, Any]
     name = partition_name(number)
     dst = os.path.join(stage_dir, name)
     crc, copied = 0, 0
-    with os.fdopen(open_pack_file(pack, name, "partition " + name), "rb", buffering=0) as fin, open(dst + ".tmp", "wb") as fout:
+    with os.fdopen(open_pack_file(pack, name, "partition " + name), "rb", buffering=0) as fin, os.fdopen(create_new(dst + ".tmp"), "wb") as fout:
         while piece := fin.read(COPY_PIECE):
             crc = zlib.crc32(piece, crc)
             fout.write(piece)
@@ -117,7 +118,7 @@ def _copy_partition(pack: str, stage_dir: str, number: int, part: dict[str, Any]
         os.unlink(dst + ".tmp")
         raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, name))
     os.replace(dst + ".tmp", dst)
-    _write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % crc).encode())
+    write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % crc).encode())
     return copied
 
 
@@ -187,6 +188,6 @@ def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict
         _agree(transport, error)
         data = transport.bcast_blob(data)
         dst = os.path.join(stage_dir, partition_name(n))
-        _write_atomic(dst, data)
-        _write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % part["crc32"]).encode())
+        write_atomic(dst, data)
+        write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % part["crc32"]).encode())
 

@@ -26,32 +26,11 @@ from pathlib import Path
 import pytest
 
 from fanfs.format.reader import PackReader
-from tests.conftest import Mount, run_fanfs
+from tests.conftest import NOBODY, Mount, as_nobody, run_fanfs
 from tests.fuse.test_lifecycle import adopt_orphans, mountinfo, wait_until
 from tests.treegen import label_text, write_tree
 
 pytestmark = pytest.mark.fuse
-
-NOBODY = 65534
-
-
-def as_nobody(*cmd: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", *map(str, cmd)],
-        capture_output=True, text=True, timeout=30, check=False,
-    )
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory every user can traverse (pytest's tmp_path is private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="fanfs-hostile-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts as root, runs a binary as nobody")
 def test_setuid_binary_in_a_pack_does_not_run_as_root(

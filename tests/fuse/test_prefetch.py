@@ -13,10 +13,12 @@ served by the kernel (a dataset larger than memory behaves this way).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import random
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -483,10 +485,10 @@ def test_registered_paths_then_indices(
         assert delta(wait_idle(mount.mnt), ahead, "prefetch_used") == 1
         with pytest.raises(UsageError) as info:
             hints.send_indices([len(paths)])
-    assert str(info.value).startswith("%s: the mount refused the order" % mount.mnt)
+    reason = "index %d past the %d registered paths" % (len(paths), len(paths))
+    assert str(info.value) == "%s: the mount refused the hints: %s" % (mount.mnt, reason)
     assert any(
-        "index %d past the %d registered paths" % (len(paths), len(paths)) in line
-        for line in mount.log_lines("WARNING")
+        "refused a hint client: " + reason in line for line in mount.log_lines("WARNING")
     )
 
 
@@ -718,3 +720,73 @@ def test_stats_consistent_after_mixed_workload(
     rows = {line[:40].strip(): line[40:].split() for line in table.stdout.splitlines()[1:]}
     assert rows["object cache hits"] == [str(s["object_hits"])]
     assert rows["prefetch: chunks issued"] == [str(s["prefetch_issued"])]
+
+
+# --- the hint socket's limits (issue 10): a client cannot grow the daemon without bound --------
+
+
+def refusal(mount: Mount, reason: str) -> str:
+    return "%s: the mount refused the hints: %s" % (mount.mnt, reason)
+
+
+def test_an_order_past_the_limit_is_refused_and_the_mount_serves_on(
+    tree: Path, pack: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """This pack has ~240 entries, so one order holds at most 64 Ki paths (order_limit);
+    the daemon refuses the 65537th as it arrives, without keeping the paths."""
+    mount = mount_factory(pack, *EXACT)
+    limit = 1 << 16
+    with HintChannel(str(mount.mnt)) as hints, pytest.raises(UsageError) as info:
+        hints.send_order(["samples/s0001.txt"] * (limit + 1))
+    assert str(info.value) == refusal(mount, "order longer than the limit of %d paths" % limit)
+    with HintChannel(str(mount.mnt)) as hints, pytest.raises(UsageError) as info:
+        hints.register(["samples/s0001.txt"] * (limit + 1))
+    assert str(info.value) == refusal(mount, "paths longer than the limit of %d paths" % limit)
+    with HintChannel(str(mount.mnt)) as hints, pytest.raises(UsageError) as info:
+        hints.send_indices([0] * (limit + 1))
+    assert str(info.value) == refusal(
+        mount, "order of %d indices is longer than the limit of %d" % (limit + 1, limit)
+    )
+    # Exactly the limit is fine, and the mount serves on.
+    with HintChannel(str(mount.mnt)) as hints:
+        assert hints.send_order(["samples/s0001.txt"] * limit) == (limit, 0)
+    assert (mount.mnt / "samples/s0002.txt").read_bytes() == (tree / "samples/s0002.txt").read_bytes()
+
+
+def test_a_ninth_hint_connection_is_refused(
+    pack: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    mount = mount_factory(pack, *EXACT)
+    with contextlib.ExitStack() as stack:
+        channels = [stack.enter_context(HintChannel(str(mount.mnt))) for _ in range(8)]
+        for channel in channels:  # each is being served (it answered)
+            assert channel.send_order(["samples/s0001.txt"]) == (1, 0)
+        extra = stack.enter_context(HintChannel(str(mount.mnt)))
+        with pytest.raises(UsageError) as info:
+            extra.send_order(["samples/s0001.txt"])
+        assert str(info.value) == refusal(mount, "too many hint connections (at most 8)")
+    # Closing them frees the slots.
+    with HintChannel(str(mount.mnt)) as hints:
+        assert hints.send_order(["samples/s0001.txt"]) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "reason"),
+    [
+        (b"at minus-one\n", "bad number in b'at minus-one'"),
+        (b"indices 99999999999999\n", "bad number in b'indices 99999999999999'"),
+        (b"gimme\n", "unknown command b'gimme'"),
+        (b"x" * 70_000 + b"\n", "line longer than 65536 bytes"),
+    ],
+    ids=["bad-position", "huge-count", "unknown", "long-line"],
+)
+def test_a_malformed_hint_request_gets_an_error_line(
+    pack: Path, mount_factory: Callable[..., Mount], request_bytes: bytes, reason: str
+) -> None:
+    mount = mount_factory(pack, *EXACT)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(os.getxattr(mount.mnt, "user.fanfs.hints").decode())
+        sock.sendall(request_bytes)
+        sock.settimeout(10)
+        assert sock.makefile("rb").read() == b"error %s\n" % reason.encode()
+    assert (mount.mnt / "samples/s0003.txt").stat().st_size > 0
