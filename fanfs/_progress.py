@@ -16,7 +16,9 @@ REDRAW_S: Final = 0.1
 
 
 class Progress:
-    def __init__(self, total_bytes: int, total_items: int, *, enabled: bool, label: str = "packing") -> None:
+    def __init__(
+        self, total_bytes: int, total_items: int, *, enabled: bool, label: str = "packing"
+    ) -> None:
         self.total_bytes = total_bytes
         self.total_items = total_items
         self.enabled = enabled

@@ -33,7 +33,9 @@ def parse_size(text: str) -> int:
     match = _SIZE_RE.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS or len(match.group(1)) > 30:
-        raise UsageError("invalid size %r (expected a number with an optional unit such as 4MiB)" % text)
+        raise UsageError(
+            "invalid size %r (expected a number with an optional unit such as 4MiB)" % text
+        )
     # Exact arithmetic: a float would round large byte counts.
     whole, _, frac = match.group(1).partition(".")
     value = int(whole + frac) * _UNITS[unit] // 10 ** len(frac)

@@ -27,17 +27,38 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pack", help="convert a dataset tree into a pack", epilog=EXIT_CODES)
     p.add_argument("src", help="source directory (the dataset tree)")
     p.add_argument("out", help="pack directory to create")
-    p.add_argument("--codec", default="zstd:3",
-                   help="none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL], lzma[:LEVEL], or auto: "
-                   "a codec per class of files chosen by the optimizer (see fanfs plan; default zstd:3)")
-    p.add_argument("--chunk-size", default="1MiB", help="files larger than this are split into chunks (default 1MiB)")
-    p.add_argument("--partitions", type=int, default=None, help="number of partitions (default: by size, 16..4096)")
-    p.add_argument("--broadcast", action="append", default=[], metavar="GLOB",
-                   help="paths replicated on every node, e.g. 'val/**' (repeatable)")
-    p.add_argument("-j", "--jobs", type=int, default=0, help="compression threads (default: all cores)")
+    p.add_argument(
+        "--codec",
+        default="zstd:3",
+        help="none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL], lzma[:LEVEL], or auto: "
+        "a codec per class of files chosen by the optimizer (see fanfs plan; default zstd:3)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        default="1MiB",
+        help="files larger than this are split into chunks (default 1MiB)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="number of partitions (default: by size, 16..4096)",
+    )
+    p.add_argument(
+        "--broadcast",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="paths replicated on every node, e.g. 'val/**' (repeatable)",
+    )
+    p.add_argument(
+        "-j", "--jobs", type=int, default=0, help="compression threads (default: all cores)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
-    p.add_argument("--skip-unreadable", action="store_true", help="skip unreadable files with a warning")
+    p.add_argument(
+        "--skip-unreadable", action="store_true", help="skip unreadable files with a warning"
+    )
     _add_plan_options(p)
     p.set_defaults(func=_cmd_pack)
 
@@ -48,37 +69,80 @@ _MOUNT_PROCESSES = 2
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("plan", help="profile a dataset and print the codec plan of --codec auto",
-                       epilog=EXIT_CODES + "; 2 also when no plan meets the constraint (the closest is printed)")
+    p = sub.add_parser(
+        "plan",
+        help="profile a dataset and print the codec plan of --codec auto",
+        epilog=EXIT_CODES + "; 2 also when no plan meets the constraint (the closest is printed)",
+    )
     p.add_argument("src", help="source directory (the dataset tree)")
     p.add_argument("--chunk-size", default="1MiB", help="as for fanfs pack (default 1MiB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--skip-unreadable", action="store_true", help="skip unreadable files with a warning")
+    p.add_argument(
+        "--skip-unreadable", action="store_true", help="skip unreadable files with a warning"
+    )
     _add_plan_options(p)
     p.set_defaults(func=_cmd_plan)
 
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("codec plan (fanfs plan, fanfs pack --codec auto)")
-    g.add_argument("--mode", choices=("sync", "prefetch"), default=None,
-                   help="sync (default): decode may add --max-overhead to every read; prefetch: decoding on "
-                   "--decode-cores must keep up with --target-rate")
-    g.add_argument("--max-overhead", default="5%",
-                   help="sync: decode time allowed per sample, as a share of reading it raw plus --compute-ms (default 5%%)")
+    g.add_argument(
+        "--mode",
+        choices=("sync", "prefetch"),
+        default=None,
+        help="sync (default): decode may add --max-overhead to every read; prefetch: decoding on "
+        "--decode-cores must keep up with --target-rate",
+    )
+    g.add_argument(
+        "--max-overhead",
+        default="5%",
+        help="sync: decode time allowed per sample, as a share of reading it raw plus "
+        "--compute-ms (default 5%%)",
+    )
     g.add_argument("--compute-ms", default="0", help="sync: compute time per sample (default 0)")
-    g.add_argument("--read-mbps", default=None, help="sync: raw read bandwidth, MB/s (default: measured on the sample)")
-    g.add_argument("--read-latency-ms", default=None, help="sync: raw read latency per file, ms (default: measured)")
-    g.add_argument("--target-rate", default=None, metavar="RATE",
-                   help="prefetch: what the job consumes per node, files/s (2000) or bytes/s (500MB/s)")
-    g.add_argument("--decode-cores", default=str(_MOUNT_PROCESSES),
-                   help="prefetch: cores free to decode (default %d, the mount's serving processes)" % _MOUNT_PROCESSES)
-    g.add_argument("--capacity", default=None, metavar="SIZE",
-                   help="fit in SIZE (e.g. nodes x SSD) with the least decode time instead")
-    g.add_argument("--codecs", default=None, metavar="LIST",
-                   help="candidates, e.g. 'lz4 zstd:3 zstd:9+dict' (none is always one; default: a wide set)")
-    g.add_argument("--sample-bytes", default="64MiB", help="bytes sampled over all classes (default 64MiB)")
-    g.add_argument("--time-budget", default="60", metavar="SECONDS",
-                   help="seconds of codec measurement after a first pass (default 60)")
+    g.add_argument(
+        "--read-mbps",
+        default=None,
+        help="sync: raw read bandwidth, MB/s (default: measured on the sample)",
+    )
+    g.add_argument(
+        "--read-latency-ms",
+        default=None,
+        help="sync: raw read latency per file, ms (default: measured)",
+    )
+    g.add_argument(
+        "--target-rate",
+        default=None,
+        metavar="RATE",
+        help="prefetch: what the job consumes per node, files/s (2000) or bytes/s (500MB/s)",
+    )
+    g.add_argument(
+        "--decode-cores",
+        default=str(_MOUNT_PROCESSES),
+        help="prefetch: cores free to decode (default %d, the mount's serving processes)"
+        % _MOUNT_PROCESSES,
+    )
+    g.add_argument(
+        "--capacity",
+        default=None,
+        metavar="SIZE",
+        help="fit in SIZE (e.g. nodes x SSD) with the least decode time instead",
+    )
+    g.add_argument(
+        "--codecs",
+        default=None,
+        metavar="LIST",
+        help="candidates, e.g. 'lz4 zstd:3 zstd:9+dict' (none is always one; default: a wide set)",
+    )
+    g.add_argument(
+        "--sample-bytes", default="64MiB", help="bytes sampled over all classes (default 64MiB)"
+    )
+    g.add_argument(
+        "--time-budget",
+        default="60",
+        metavar="SECONDS",
+        help="seconds of codec measurement after a first pass (default 60)",
+    )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
@@ -87,43 +151,122 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("pack", help="pack directory")
     p.add_argument("mountpoint", help="empty directory to mount on")
     p.add_argument("-f", "--foreground", "--fg", action="store_true", help="stay in the foreground")
-    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="FUSE mount options passed through (e.g. allow_other)")
-    p.add_argument("--log", default=None, help="log file (default: stderr with -f, else /tmp/fanfs-UID/mount-*.log)")
+    p.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT...]",
+        help="FUSE mount options passed through (e.g. allow_other)",
+    )
+    p.add_argument(
+        "--log",
+        default=None,
+        help="log file (default: stderr with -f, else /tmp/fanfs-UID/mount-*.log)",
+    )
     p.add_argument("--debug", action="store_true", help="log at DEBUG level")
     g = p.add_argument_group("prefetch and caches (docs/architecture.md)")
-    g.add_argument("--prefetch", choices=("on", "off"), default="on",
-                   help="read ahead of sequential readers and walks, follow sampler hints, fill the "
-                        "object cache in the background (default on)")
-    g.add_argument("--prefetch-memory", default="auto", metavar="SIZE",
-                   help="read-ahead buffer per serving process (default: 1/32 of available memory, 64MiB-1GiB)")
-    g.add_argument("--prefetch-into", choices=("kernel", "daemon"), default="kernel",
-                   help="where prefetched data goes: the kernel page cache (default) or the daemon's buffer")
-    g.add_argument("--cache-memory", default="auto", metavar="SIZE",
-                   help="decoded-object cache for the whole mount (default: 1/8 of available memory; 0: off)")
-    g.add_argument("--cache-policy", choices=("minio", "lru"), default="minio",
-                   help="minio: fill once, never evict (hits every epoch); lru: least recently used (default minio)")
-    p.add_argument("--preload", default="auto", metavar="auto|yes|no|SIZE",
-                   help="copy this node's partitions into memory at mount: auto (default) as many as fit in "
-                        "a quarter of the available memory, yes all, no none, or up to SIZE")
-    p.add_argument("--processes", type=int, default=0, metavar="N",
-                   help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)")
-    c = p.add_argument_group("cluster mode (one daemon per node under mpirun/srun; docs/cluster.md)")
-    c.add_argument("--cluster", dest="cluster", action="store_true", default=None,
-                   help="force cluster mode (default: detected from the MPI launcher's environment)")
-    c.add_argument("--no-cluster", dest="cluster", action="store_false", help="never use cluster mode")
-    c.add_argument("--cache-dir", default=None, help="node-local directory for this node's share ({rank} is replaced)")
-    c.add_argument("--replicas", type=int, default=1, help="copies of each partition across nodes (default 1)")
-    c.add_argument("--stage", choices=("copy", "none"), default="copy",
-                   help="copy this node's share to --cache-dir (default), or serve from PACK in place")
-    c.add_argument("--stage-groups", type=int, default=0, metavar="G",
-                   help="at most G ranks read the shared filesystem at once while staging (0: all)")
-    c.add_argument("--remote-timeout", type=float, default=5.0, metavar="SECONDS",
-                   help="wait this long for a peer before trying a replica or the pack (default 5)")
-    c.add_argument("--coalesce-window", type=float, default=0.5, metavar="MS",
-                   help="batch remote requests to one peer within this window (default 0.5 ms; 0: off)")
-    p.add_argument("--no-noopen", dest="noopen", action="store_false",
-                   help="do not use the kernel's no-open mode even with the patched pyfuse3")
+    g.add_argument(
+        "--prefetch",
+        choices=("on", "off"),
+        default="on",
+        help="read ahead of sequential readers and walks, follow sampler hints, fill the "
+        "object cache in the background (default on)",
+    )
+    g.add_argument(
+        "--prefetch-memory",
+        default="auto",
+        metavar="SIZE",
+        help="read-ahead buffer per serving process "
+        "(default: 1/32 of available memory, 64MiB-1GiB)",
+    )
+    g.add_argument(
+        "--prefetch-into",
+        choices=("kernel", "daemon"),
+        default="kernel",
+        help="where prefetched data goes: the kernel page cache (default) or the daemon's buffer",
+    )
+    g.add_argument(
+        "--cache-memory",
+        default="auto",
+        metavar="SIZE",
+        help="decoded-object cache for the whole mount (default: 1/8 of available memory; 0: off)",
+    )
+    g.add_argument(
+        "--cache-policy",
+        choices=("minio", "lru"),
+        default="minio",
+        help="minio: fill once, never evict (hits every epoch); lru: least recently used "
+        "(default minio)",
+    )
+    p.add_argument(
+        "--preload",
+        default="auto",
+        metavar="auto|yes|no|SIZE",
+        help="copy this node's partitions into memory at mount: auto (default) as many as fit in "
+        "a quarter of the available memory, yes all, no none, or up to SIZE",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)",
+    )
+    c = p.add_argument_group(
+        "cluster mode (one daemon per node under mpirun/srun; docs/cluster.md)"
+    )
+    c.add_argument(
+        "--cluster",
+        dest="cluster",
+        action="store_true",
+        default=None,
+        help="force cluster mode (default: detected from the MPI launcher's environment)",
+    )
+    c.add_argument(
+        "--no-cluster", dest="cluster", action="store_false", help="never use cluster mode"
+    )
+    c.add_argument(
+        "--cache-dir",
+        default=None,
+        help="node-local directory for this node's share ({rank} is replaced)",
+    )
+    c.add_argument(
+        "--replicas", type=int, default=1, help="copies of each partition across nodes (default 1)"
+    )
+    c.add_argument(
+        "--stage",
+        choices=("copy", "none"),
+        default="copy",
+        help="copy this node's share to --cache-dir (default), or serve from PACK in place",
+    )
+    c.add_argument(
+        "--stage-groups",
+        type=int,
+        default=0,
+        metavar="G",
+        help="at most G ranks read the shared filesystem at once while staging (0: all)",
+    )
+    c.add_argument(
+        "--remote-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for a peer before trying a replica or the pack (default 5)",
+    )
+    c.add_argument(
+        "--coalesce-window",
+        type=float,
+        default=0.5,
+        metavar="MS",
+        help="batch remote requests to one peer within this window (default 0.5 ms; 0: off)",
+    )
+    p.add_argument(
+        "--no-noopen",
+        dest="noopen",
+        action="store_false",
+        help="do not use the kernel's no-open mode even with the patched pyfuse3",
+    )
     p.set_defaults(func=_cmd_mount)
 
 
@@ -132,15 +275,28 @@ def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("mountpoint")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy")
     p.set_defaults(func=_cmd_umount)
-    p = sub.add_parser("wait", help="wait until a fanfs mount is ready (in a job script)", epilog=EXIT_CODES)
+    p = sub.add_parser(
+        "wait", help="wait until a fanfs mount is ready (in a job script)", epilog=EXIT_CODES
+    )
     p.add_argument("mountpoint")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="give up after this long (default 600)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="give up after this long (default 600)",
+    )
     p.set_defaults(func=_cmd_wait)
     p = sub.add_parser("stats", help="show a running mount's counters", epilog=EXIT_CODES)
     p.add_argument("mountpoint")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
-                   help="print again every SECONDS (with rates) until interrupted")
+    p.add_argument(
+        "--watch",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="print again every SECONDS (with rates) until interrupted",
+    )
     p.set_defaults(func=_cmd_stats)
     p = sub.add_parser("inspect", help="summarise a pack", epilog=EXIT_CODES)
     p.add_argument("pack")
@@ -150,8 +306,12 @@ def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("pack")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("demo", help="generate a sample dataset, pack, mount and read it like a training loop")
-    p.add_argument("--workdir", default=None, help="where to put the sample (default: a temporary directory)")
+    p = sub.add_parser(
+        "demo", help="generate a sample dataset, pack, mount and read it like a training loop"
+    )
+    p.add_argument(
+        "--workdir", default=None, help="where to put the sample (default: a temporary directory)"
+    )
     p.add_argument("--files", type=int, default=4000, help="number of sample files (default 4000)")
     p.add_argument("--workers", type=int, default=4, help="reader processes (default 4)")
     p.add_argument("--epochs", type=int, default=2, help="epochs to read (default 2)")
@@ -223,7 +383,9 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     from fanfs.mountinfo import wait_mounted
 
     if not wait_mounted(os.path.abspath(args.mountpoint), args.timeout):
-        raise MountSetupError("%s is not a ready fanfs mount after %gs" % (args.mountpoint, args.timeout))
+        raise MountSetupError(
+            "%s is not a ready fanfs mount after %gs" % (args.mountpoint, args.timeout)
+        )
     return 0
 
 

@@ -48,7 +48,10 @@ CODEC_NAMES: Final = {
 }
 # `lz4hc` is lz4 (same id, same block format and decoder) compressed in high-compression mode:
 # CodecSpec(CODEC_LZ4, level) with level > 0.
-_CODEC_IDS: Final = {**{name: codec_id for codec_id, name in CODEC_NAMES.items()}, "lz4hc": CODEC_LZ4}
+_CODEC_IDS: Final = {
+    **{name: codec_id for codec_id, name in CODEC_NAMES.items()},
+    "lz4hc": CODEC_LZ4,
+}
 _DEFAULT_LEVELS: Final = {"none": 0, "lz4": 0, "lz4hc": 9, "zstd": 3, "brotli": 5, "lzma": 6}
 _LEVEL_RANGES: Final = {
     "none": (0, 0),
@@ -94,7 +97,9 @@ class CodecSpec:
     @property
     def chunk_codec(self) -> int:
         """The codec byte of a chunk compressed with this spec (docs/format.md section 6)."""
-        return self.codec_id | (self.shuffle.bit_length() - 1) << 4 if self.shuffle else self.codec_id
+        return (
+            self.codec_id | (self.shuffle.bit_length() - 1) << 4 if self.shuffle else self.codec_id
+        )
 
     def __str__(self) -> str:
         if self.codec_id == CODEC_NONE or (self.codec_id == CODEC_LZ4 and not self.level):
@@ -109,7 +114,8 @@ def parse_codec(text: str) -> CodecSpec:
     optionally with a byte shuffle of N-byte elements first (`lz4hc:9+shuf4`)."""
     if "+dict" in text.lower():
         raise UsageError(
-            "a dictionary is trained per class: give %r in --codecs with --codec auto" % text.strip()
+            "a dictionary is trained per class: give %r in --codecs with --codec auto"
+            % text.strip()
         )
     base, plus, shuffle_text = text.strip().lower().partition("+shuf")
     name, colon, level_text = base.partition(":")
@@ -129,7 +135,9 @@ def parse_codec(text: str) -> CodecSpec:
     if low == high:
         raise UsageError("codec %s takes no level (got %r)" % (name, text))
     if not level_text:
-        raise UsageError("missing level after ':' in %r (write %s for the default level)" % (text, name))
+        raise UsageError(
+            "missing level after ':' in %r (write %s for the default level)" % (text, name)
+        )
     try:
         level = int(level_text)
     except ValueError:
@@ -195,7 +203,9 @@ def _zstd_compressor(level: int, dictionary: bytes | None = None) -> zstandard.Z
         if dictionary is None:
             return zstandard.ZstdCompressor(level=level, write_content_size=True)
         return zstandard.ZstdCompressor(
-            level=level, write_content_size=True, dict_data=zstandard.ZstdCompressionDict(dictionary)
+            level=level,
+            write_content_size=True,
+            dict_data=zstandard.ZstdCompressionDict(dictionary),
         )
 
     return _cached("zc", (level, dictionary), make)  # type: ignore[return-value]
@@ -247,7 +257,9 @@ def _encode(data: bytes | memoryview, spec: CodecSpec, dictionary: bytes | None)
     if spec.codec_id == CODEC_BROTLI:
         return brotli.compress(bytes(data), quality=spec.level)
     if spec.codec_id == CODEC_LZMA:
-        return lzma.compress(data, format=lzma.FORMAT_ALONE, filters=_lzma_filters(spec.level, len(data)))
+        return lzma.compress(
+            data, format=lzma.FORMAT_ALONE, filters=_lzma_filters(spec.level, len(data))
+        )
     return bytes(data)
 
 

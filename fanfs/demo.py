@@ -52,7 +52,9 @@ def _drop_caches() -> bool:
         return False
 
 
-def _epoch(pool: multiprocessing.pool.Pool, root: str, files: list[str], workers: int, seed: int) -> tuple[float, int, int]:
+def _epoch(
+    pool: multiprocessing.pool.Pool, root: str, files: list[str], workers: int, seed: int
+) -> tuple[float, int, int]:
     order = np.random.default_rng(seed).permutation(len(files))
     paths = [os.path.join(root, files[i]) for i in order]
     shards = [paths[w::workers] for w in range(workers)]
@@ -81,7 +83,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, src: str, pack: str, mnt: str) -> int:
-    print("== fanfs demo: %d sample files, %d reader processes, %d epochs" % (args.files, args.workers, args.epochs))
+    print(
+        "== fanfs demo: %d sample files, %d reader processes, %d epochs"
+        % (args.files, args.workers, args.epochs)
+    )
     if not os.path.isdir(src):
         start = time.perf_counter()
         size = generate(src, args.files)
@@ -104,7 +109,10 @@ def _run(args: argparse.Namespace, src: str, pack: str, mnt: str) -> int:
 def _train(args: argparse.Namespace, src: str, mnt: str) -> int:
     files = _list_files(src)
     if _list_files(mnt) != files:
-        print("fanfs demo: error: the mounted tree lists different files than the source", file=sys.stderr)
+        print(
+            "fanfs demo: error: the mounted tree lists different files than the source",
+            file=sys.stderr,
+        )
         return 1
     ctx = multiprocessing.get_context("fork")
     print("\n%-6s %-10s %10s %10s %8s" % ("epoch", "source", "files/s", "MB/s", "vs raw"))
@@ -117,11 +125,19 @@ def _train(args: argparse.Namespace, src: str, mnt: str) -> int:
             raw_s, raw_bytes, raw_digest = _epoch(pool, src, files, args.workers, epoch)
             fan_s, fan_bytes, fan_digest = _epoch(pool, mnt, files, args.workers, epoch)
             label = "%d%s" % (epoch, " cold" if cold else "")
-            print("%-6s %-10s %10.0f %10.1f %8s" % (label, "raw files", len(files) / raw_s, raw_bytes / raw_s / 1e6, "1.00x"))
-            print("%-6s %-10s %10.0f %10.1f %7.2fx" % (label, "fanfs", len(files) / fan_s, fan_bytes / fan_s / 1e6, raw_s / fan_s))
+            print(
+                "%-6s %-10s %10.0f %10.1f %8s"
+                % (label, "raw files", len(files) / raw_s, raw_bytes / raw_s / 1e6, "1.00x")
+            )
+            print(
+                "%-6s %-10s %10.0f %10.1f %7.2fx"
+                % (label, "fanfs", len(files) / fan_s, fan_bytes / fan_s / 1e6, raw_s / fan_s)
+            )
             ok = ok and (fan_bytes, fan_digest) == (raw_bytes, raw_digest)
-    print("\n%s: all %d files read through fanfs %s the raw files" % (
-        "OK" if ok else "FAILED", len(files), "match" if ok else "DO NOT match"))
+    print(
+        "\n%s: all %d files read through fanfs %s the raw files"
+        % ("OK" if ok else "FAILED", len(files), "match" if ok else "DO NOT match")
+    )
     _summary(mnt)
     return 0 if ok else 1
 
@@ -138,9 +154,18 @@ def _summary(mnt: str) -> None:
     from fanfs.stats import read_stats
 
     s = read_stats(mnt)
-    print("daemon: %d READs (the page cache served the rest), %.2fs waited inside READ; "
-          "object cache %s: %d hits, %s held; read-ahead: %d chunks pushed into the page cache, "
-          "background fill: %d cached, %d pushed" % (
-              s["reads"], s["read_ns"] / 1e9, s.get("cache_policy", "off"), s["object_hits"],
-              format_size(s.get("cache_bytes", 0)), s["prefetch_pushed"], s["fill_chunks"],
-              s["fill_pushed"]))
+    print(
+        "daemon: %d READs (the page cache served the rest), %.2fs waited inside READ; "
+        "object cache %s: %d hits, %s held; read-ahead: %d chunks pushed into the page cache, "
+        "background fill: %d cached, %d pushed"
+        % (
+            s["reads"],
+            s["read_ns"] / 1e9,
+            s.get("cache_policy", "off"),
+            s["object_hits"],
+            format_size(s.get("cache_bytes", 0)),
+            s["prefetch_pushed"],
+            s["fill_chunks"],
+            s["fill_pushed"],
+        )
+    )

@@ -102,10 +102,9 @@ class HintChannel:
     def _ask(self, request: bytes) -> list[bytes]:
         """Send `request`; the daemon's "ok ..." answer split in words, or UsageError with
         the daemon's reason when it refuses ("error REASON", then it hangs up)."""
-        try:
+        # Refused part-way, the daemon hung up: its reason is waiting to be read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self._sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused part-way: its reason is waiting to be read
         line = self._reply.readline()
         answer = line.split()
         if answer[:1] == [b"ok"]:
@@ -301,7 +300,9 @@ async def _converse(
         elif line.startswith(b"indices "):
             count = _number(line[8:], line)
             if count > limit:
-                raise HintError("order of %d indices is longer than the limit of %d" % (count, limit))
+                raise HintError(
+                    "order of %d indices is longer than the limit of %d" % (count, limit)
+                )
             raw = await reader.block(4 * count)
             if raw is None:
                 return

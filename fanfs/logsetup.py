@@ -33,17 +33,23 @@ class LogOnceFilter(logging.Filter):
         return True
 
 
-def setup_logging(*, debug: bool = False, quiet: bool = False, logfile: str | None = None, prefix: str = "") -> None:
+def setup_logging(
+    *, debug: bool = False, quiet: bool = False, logfile: str | None = None, prefix: str = ""
+) -> None:
     """Send fanfs's records to stderr (commands) or to `logfile` (a background daemon)."""
     root = logging.getLogger("fanfs")
     handler: logging.Handler
     if logfile:
         handler = _open_log(logfile)  # first: if it fails, the old handlers stay
-        fmt = "%(asctime)s.%(msecs)03d %(process)d " + prefix + "%(levelname)s %(name)s: %(message)s"
+        fmt = (
+            "%(asctime)s.%(msecs)03d %(process)d " + prefix + "%(levelname)s %(name)s: %(message)s"
+        )
         handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("fanfs: " + prefix + "%(levelname_lower)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter("fanfs: " + prefix + "%(levelname_lower)s: %(message)s")
+        )
         handler.addFilter(_lower_level)
     handler.addFilter(LogOnceFilter())
     for old in list(root.handlers):
@@ -66,8 +72,12 @@ class NoFollowFileHandler(logging.FileHandler):
     appends through a symlink someone planted at its log's path."""
 
     def _open(self) -> Any:
-        return open(  # noqa: SIM115 - the handler owns and closes the stream
-            self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=_nofollow
+        return open(
+            self.baseFilename,
+            self.mode,
+            encoding=self.encoding,
+            errors=self.errors,
+            opener=_nofollow,
         )
 
 

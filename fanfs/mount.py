@@ -298,7 +298,9 @@ def preload_partitions(reader: PackReader, config: MountConfig, available: int) 
     local = [n for n, part in enumerate(reader.partitions) if reader.local[n] and part["size"]]
     if config.preload in ("yes", "no"):
         return local if config.preload == "yes" else []
-    budget = int(config.preload) if config.preload != "auto" else int(available * PRELOAD_MEMORY_SHARE)
+    budget = (
+        int(config.preload) if config.preload != "auto" else int(available * PRELOAD_MEMORY_SHARE)
+    )
     chosen, used = [], 0
     for number in local:
         size = reader.partitions[number]["size"]
@@ -314,13 +316,19 @@ def _reserve_preload(reader: PackReader, config: MountConfig) -> int:
     numbers = preload_partitions(reader, config, available)
     wanted = sum(reader.partitions[n]["size"] for n in numbers)
     if config.preload == "yes" and available and wanted > available // 2:
-        log.warning("--preload yes: %s of partitions is more than half of the %s available",
-                    format_size(wanted), format_size(available))
+        log.warning(
+            "--preload yes: %s of partitions is more than half of the %s available",
+            format_size(wanted),
+            format_size(available),
+        )
     try:
         return reader.reserve_memory(numbers)
     except OSError as exc:
-        log.warning("cannot reserve %s to preload partitions (%s); serving them from the pack",
-                    format_size(wanted), exc.strerror)
+        log.warning(
+            "cannot reserve %s to preload partitions (%s); serving them from the pack",
+            format_size(wanted),
+            exc.strerror,
+        )
         return 0
 
 
@@ -601,7 +609,11 @@ def _die_with_parent(parent: int) -> None:
 
 def _exit_text(status: int) -> str:
     code = os.waitstatus_to_exitcode(status)
-    return "was killed by %s" % signal.Signals(-code).name if code < 0 else "exited with status %d" % code
+    return (
+        "was killed by %s" % signal.Signals(-code).name
+        if code < 0
+        else "exited with status %d" % code
+    )
 
 
 @dataclasses.dataclass(slots=True)
@@ -670,7 +682,9 @@ async def _watch_family(family: _Family, mountpoint: str) -> None:
                 log.critical(
                     "%s; taking the mount of %s down so that no reader waits for the requests "
                     "it held (readers get ENOTCONN; clear it with fanfs umount %s)",
-                    "; ".join(deaths), mountpoint, mountpoint,
+                    "; ".join(deaths),
+                    mountpoint,
+                    mountpoint,
                 )
                 family.kill()
                 logging.shutdown()
@@ -679,7 +693,12 @@ async def _watch_family(family: _Family, mountpoint: str) -> None:
 
 
 async def _main(
-    pyfuse3: Any, ops: Any, config: MountConfig, preload: bool, first: bool, cluster: Any,
+    pyfuse3: Any,
+    ops: Any,
+    config: MountConfig,
+    preload: bool,
+    first: bool,
+    cluster: Any,
     family: _Family,
 ) -> None:
     import trio

@@ -36,7 +36,9 @@ def mounts() -> list[MountEntry]:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
-            entries.append(MountEntry(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+            entries.append(
+                MountEntry(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2]))
+            )
     return entries
 
 

@@ -158,7 +158,9 @@ def _parts(rel: bytes) -> tuple[str, str]:
     ext = os.path.splitext(base)[1].lower()
     if len(ext) > 16:
         ext = b""
-    return (top.decode("utf-8", "backslashreplace") if sep else "."), ext.decode("utf-8", "backslashreplace")
+    return (top.decode("utf-8", "backslashreplace") if sep else "."), ext.decode(
+        "utf-8", "backslashreplace"
+    )
 
 
 def exact_class(rel: bytes) -> str:
@@ -214,7 +216,9 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
     # The collapsed extensions rank with the exact classes by their bytes; the rest of the
     # files merge by extension into what room is left, then into the fallback class.
     ranked = kept + [n for n in collapsed if big(by_ext[n]) and n not in kept]
-    kept = sorted(ranked, key=lambda n: (-(by_ext[n] if n in collapsed else exact[n])[1], n))[:MAX_CLASSES]
+    kept = sorted(ranked, key=lambda n: (-(by_ext[n] if n in collapsed else exact[n])[1], n))[
+        :MAX_CLASSES
+    ]
     rest: dict[str, list[int]] = {}
     for name, stats in exact.items():
         if name not in kept:
@@ -222,7 +226,11 @@ def build_classes(files: Sequence[FileRef]) -> list[str]:
             merged[0] += stats[0]
             merged[1] += stats[1]
     room = max(MAX_CLASSES - len(kept), 0)
-    kept += [n for n, st in sorted(rest.items(), key=lambda kv: (-kv[1][1], kv[0])) if big(st) and n not in kept][:room]
+    kept += [
+        n
+        for n, st in sorted(rest.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        if big(st) and n not in kept
+    ][:room]
     known = set(kept)
     if any(class_of(f.rel, known) == FALLBACK_CLASS for f in files):
         kept.append(FALLBACK_CLASS)
@@ -266,9 +274,13 @@ def _allocate(sizes: list[int], budget: int) -> list[int]:
     return [int(min(s, max(floor, lo * s))) for s in sizes]
 
 
-def _pick_units(members: list[FileRef], chunk_size: int, want: int, rng: np.random.Generator) -> list[tuple[FileRef, int, int]]:
+def _pick_units(
+    members: list[FileRef], chunk_size: int, want: int, rng: np.random.Generator
+) -> list[tuple[FileRef, int, int]]:
     """Chunks of `members` in random order until `want` bytes (at least one chunk)."""
-    counts = np.array([max(1, math.ceil(f.size / chunk_size)) if f.size else 0 for f in members], dtype=np.int64)
+    counts = np.array(
+        [max(1, math.ceil(f.size / chunk_size)) if f.size else 0 for f in members], dtype=np.int64
+    )
     ends = np.cumsum(counts)
     total = int(ends[-1]) if len(ends) else 0
     picked: list[tuple[FileRef, int, int]] = []
@@ -357,7 +369,9 @@ def sample_classes(
         for f, k, length in _pick_units(members[cls.name], chunk_size, want, rng):
             data, seconds = reader(f.path, k * chunk_size, length)
             if len(data) != length:
-                raise OSError("%s changed while being sampled" % f.path.decode("utf-8", "backslashreplace"))
+                raise OSError(
+                    "%s changed while being sampled" % f.path.decode("utf-8", "backslashreplace")
+                )
             cls.units.append(data)
             if k == 0:  # a file's first chunk: open plus read, as a reader pays per file
                 reads.append((length, seconds))
@@ -399,7 +413,9 @@ class Measurement:
 MeasureFn = Callable[[str, Candidate, Sequence[bytes], "bytes | None"], Measurement]
 
 
-def measure(class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None) -> Measurement:
+def measure(
+    class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+) -> Measurement:
     """Measure `cand` on `units` on this host, one thread (what one serving process decodes).
 
     Compresses exactly as the pack does (`compress_object`: probe and raw fallback), so raw
@@ -414,7 +430,11 @@ def measure(class_name: str, cand: Candidate, units: Sequence[bytes], dictionary
     start = time.perf_counter()
     stored = [compress_object(u, spec, dic) for u in units]
     compress_s = time.perf_counter() - start
-    coded = [(codec, s, len(u)) for (codec, s), u in zip(stored, units, strict=True) if codec != CODEC_NONE]
+    coded = [
+        (codec, s, len(u))
+        for (codec, s), u in zip(stored, units, strict=True)
+        if codec != CODEC_NONE
+    ]
     decode_s = overhead_s = 0.0
     if coded:
         decode_s = _hot_decode_s(coded, dic)
@@ -422,7 +442,12 @@ def measure(class_name: str, cand: Candidate, units: Sequence[bytes], dictionary
         decode_s *= cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
         overhead_s = time.perf_counter() - start
     return Measurement(
-        len(units), sum(len(u) for u in units), sum(len(s) for _, s in stored), decode_s, compress_s, overhead_s
+        len(units),
+        sum(len(u) for u in units),
+        sum(len(s) for _, s in stored),
+        decode_s,
+        compress_s,
+        overhead_s,
     )
 
 
@@ -560,12 +585,17 @@ def profile(
             class_spent += _cost(m)
         spent += class_spent
     rates = [_cost(m) / max(m.raw_bytes, 1) for m in pilot]
-    rooms = [sum(len(u) for u in units) - m.raw_bytes for (_, _, units), m in zip(pairs, pilot, strict=True)]
+    rooms = [
+        sum(len(u) for u in units) - m.raw_bytes
+        for (_, _, units), m in zip(pairs, pilot, strict=True)
+    ]
     extra = _waterfill_time(rates, rooms, max(time_budget_s - spent, 0.0))
     totals: dict[tuple[str, Candidate], Measurement] = {}
     for (cls, cand, units), m, more in zip(pairs, pilot, extra, strict=True):
         if more > 0:
-            m = m + measure_fn(cls.name, cand, units[m.units : _prefix(units, m.units, more)], cls.dictionary)
+            m = m + measure_fn(
+                cls.name, cand, units[m.units : _prefix(units, m.units, more)], cls.dictionary
+            )
         totals[(cls.name, cand)] = m
     return [_project(cls, candidates, totals) for cls in classes]
 
@@ -601,8 +631,14 @@ def cost_rank(cand: Candidate) -> float:
     return 20.0
 
 
-def _project(cls: ClassSample, candidates: Sequence[Candidate], totals: dict[tuple[str, Candidate], Measurement]) -> ClassProfile:
-    estimates = [Estimate(NONE, cls.bytes, 0.0, 0.0, len(cls.units), sum(len(u) for u in cls.units))]
+def _project(
+    cls: ClassSample,
+    candidates: Sequence[Candidate],
+    totals: dict[tuple[str, Candidate], Measurement],
+) -> ClassProfile:
+    estimates = [
+        Estimate(NONE, cls.bytes, 0.0, 0.0, len(cls.units), sum(len(u) for u in cls.units))
+    ]
     for cand in candidates:
         m = totals.get((cls.name, cand))
         if m is None or m.raw_bytes == 0:
@@ -659,7 +695,11 @@ def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) 
     k = len(options)
     tol = 1e-9 * max(abs(budget), 1.0)
     min_w = [min(w for w, _ in group) for group in options]
-    rest = np.concatenate([np.cumsum(np.array(min_w[::-1], dtype=np.float64))[::-1], [0.0]]) if k else np.zeros(1)
+    rest = (
+        np.concatenate([np.cumsum(np.array(min_w[::-1], dtype=np.float64))[::-1], [0.0]])
+        if k
+        else np.zeros(1)
+    )
     weights, values = np.zeros(1), np.zeros(1)
     back: list[tuple[np.ndarray, np.ndarray]] = []
     delta = (1 + TRIM_GAP) ** (1 / max(k, 1)) - 1
@@ -696,7 +736,9 @@ def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) 
     return Solution(tuple(choice), total_w, total_v, exact, 0.0 if exact else TRIM_GAP)
 
 
-def _trim(w: np.ndarray, v: np.ndarray, parent: np.ndarray, opt: np.ndarray, delta: float) -> tuple[np.ndarray, ...]:
+def _trim(
+    w: np.ndarray, v: np.ndarray, parent: np.ndarray, opt: np.ndarray, delta: float
+) -> tuple[np.ndarray, ...]:
     # Bucket values geometrically; in each bucket keep the lightest state (the first one, as
     # the frontier is sorted by weight). A dropped state's completion can be replaced by the
     # kept one's at no more weight and at most 1 + delta times the value.
@@ -737,7 +779,10 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
     out = []
     for prof in profiles:
         # On a tie, none first: an incompressible class is stored raw and costs no decode.
-        ests = sorted(prof.estimates, key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)))
+        ests = sorted(
+            prof.estimates,
+            key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)),
+        )
         kept: list[Estimate] = []
         for e in ests:
             if not kept or e.decode_s < min(k.decode_s for k in kept):
@@ -753,22 +798,33 @@ def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
     if objective.mode == "capacity":
         return _select_capacity(opts, objective)
     assert objective.budget_s is not None
-    sol = solve_mckp([[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], objective.budget_s)
+    sol = solve_mckp(
+        [[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], objective.budget_s
+    )
     if sol is None:  # only when "none" was not a candidate: never by default
         sol = solve_mckp([[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], math.inf)
         assert sol is not None
-        return _selection(opts, sol, False, "no plan keeps decoding within the %s budget" % objective.mode)
+        return _selection(
+            opts, sol, False, "no plan keeps decoding within the %s budget" % objective.mode
+        )
     return _selection(opts, sol, True)
 
 
 def _select_capacity(opts: list[list[Estimate]], objective: Objective) -> Selection:
     assert objective.capacity_bytes is not None
-    sol = solve_mckp([[(float(e.stored_bytes), e.decode_s) for e in g] for g in opts], float(objective.capacity_bytes))
+    sol = solve_mckp(
+        [[(float(e.stored_bytes), e.decode_s) for e in g] for g in opts],
+        float(objective.capacity_bytes),
+    )
     if sol is None:
         smallest = solve_mckp([[(0.0, float(e.stored_bytes)) for e in g] for g in opts], 0.0)
         assert smallest is not None
         sel = _selection(opts, smallest, False)
-        return _replace_problem(sel, "no plan fits in %s: the smallest needs %s" % (_size(objective.capacity_bytes), _size(sel.stored_bytes)))
+        return _replace_problem(
+            sel,
+            "no plan fits in %s: the smallest needs %s"
+            % (_size(objective.capacity_bytes), _size(sel.stored_bytes)),
+        )
     sel = _selection(opts, sol, True)
     if objective.budget_s is not None and sel.decode_s > objective.budget_s * (1 + 1e-9):
         return _replace_problem(
@@ -786,10 +842,14 @@ def _size(n: float) -> str:
 
 
 def _replace_problem(sel: Selection, problem: str) -> Selection:
-    return Selection(sel.choices, sel.stored_bytes, sel.decode_s, False, sel.exact, sel.gap, problem)
+    return Selection(
+        sel.choices, sel.stored_bytes, sel.decode_s, False, sel.exact, sel.gap, problem
+    )
 
 
-def _selection(opts: list[list[Estimate]], sol: Solution, feasible: bool, problem: str = "") -> Selection:
+def _selection(
+    opts: list[list[Estimate]], sol: Solution, feasible: bool, problem: str = ""
+) -> Selection:
     choices = tuple(opts[g][c] for g, c in enumerate(sol.choice))
     return Selection(
         choices,
@@ -821,10 +881,14 @@ class PlanSettings:
     sample_bytes: int = 64 * 1024 * 1024
     time_budget_s: float = 60.0
     seed: int = 0
-    candidates: tuple[Candidate, ...] = field(default_factory=lambda: parse_candidates(DEFAULT_CODECS))
+    candidates: tuple[Candidate, ...] = field(
+        default_factory=lambda: parse_candidates(DEFAULT_CODECS)
+    )
 
 
-def decode_budget(mode: str, settings: PlanSettings, files: int, size: int, read: ReadModel) -> float:
+def decode_budget(
+    mode: str, settings: PlanSettings, files: int, size: int, read: ReadModel
+) -> float:
     """Seconds of one-thread decode allowed per epoch (every file read once).
 
     sync: decode adds to every read, so the epoch's total decode may be at most
@@ -885,10 +949,16 @@ def make_plan(
     """Sample, profile and select: the whole of `fanfs plan`."""
     start = time.perf_counter()
     classes, reads = sample_classes(
-        files, chunk_size=chunk_size, sample_bytes=settings.sample_bytes, seed=settings.seed, reader=reader
+        files,
+        chunk_size=chunk_size,
+        sample_bytes=settings.sample_bytes,
+        seed=settings.seed,
+        reader=reader,
     )
     read_model = settings.read_model or fit_read_model(reads)
-    profiles = profile(classes, settings.candidates, time_budget_s=settings.time_budget_s, measure_fn=measure_fn)
+    profiles = profile(
+        classes, settings.candidates, time_budget_s=settings.time_budget_s, measure_fn=measure_fn
+    )
     n_files, n_bytes = len(files), sum(f.size for f in files)
     budget: float | None = None
     if settings.mode in ("sync", "prefetch"):
@@ -928,10 +998,14 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                 "decode_s": round(est.decode_s, 6),
                 "budget_share": round(est.decode_s / plan.budget_s, 4) if plan.budget_s else None,
                 "projected_bytes": est.stored_bytes,
-                "compress_mbps": round(prof.bytes / est.compress_s / 1e6, 2) if est.compress_s else None,
+                "compress_mbps": round(prof.bytes / est.compress_s / 1e6, 2)
+                if est.compress_s
+                else None,
                 "sample_units": est.sample_units,
                 "sample_bytes": est.sample_bytes,
-                "dictionary_bytes": len(prof.dictionary) if est.candidate.use_dict and prof.dictionary else 0,
+                "dictionary_bytes": len(prof.dictionary)
+                if est.candidate.use_dict and prof.dictionary
+                else 0,
                 "candidates": [
                     {
                         "codec": str(e.candidate),
@@ -973,6 +1047,10 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             "chunk_size": plan.chunk_size,
             "candidates": [str(c) for c in s.candidates],
         },
-        "sample": {"units": plan.sample_units, "bytes": plan.sample_bytes, "seconds": round(plan.elapsed_s, 3)},
+        "sample": {
+            "units": plan.sample_units,
+            "bytes": plan.sample_bytes,
+            "seconds": round(plan.elapsed_s, 3),
+        },
         "classes": classes,
     }

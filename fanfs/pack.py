@@ -2,11 +2,11 @@
 
 Pipeline: a breadth-first walk (lstat only, symlinks never followed) builds the tree in the
 index's entry order; with `--codec auto` the optimizer then profiles a sample and picks a codec
-(and maybe a dictionary, for zstd or lz4) per class of files; chunks are read and compressed by a thread pool (the codecs and reads
-release the GIL) and consumed strictly in order, so the pack is deterministic whatever
-`--jobs` is; `PackWriter` places them; the index and manifest come last, into a temporary
-directory that is renamed over OUT only when complete. Never imports trio, pyfuse3 or mpi4py.
-"""
+(and maybe a dictionary, for zstd or lz4) per class of files; chunks are read and compressed by
+a thread pool (the codecs and reads release the GIL) and consumed strictly in order, so the
+pack is deterministic whatever `--jobs` is; `PackWriter` places them; the index and manifest
+come last, into a temporary directory that is renamed over OUT only when complete. Never
+imports trio, pyfuse3 or mpi4py."""
 
 from __future__ import annotations
 
@@ -182,7 +182,11 @@ def walk_tree(src: str, *, skip_unreadable: bool = False) -> list[FileRef]:
 
 
 def _file_refs(nodes: list[_Node]) -> list[FileRef]:
-    return [FileRef(n.rel, n.path, n.st.st_size) for n in nodes if stat.S_ISREG(n.st.st_mode) and not n.skipped]
+    return [
+        FileRef(n.rel, n.path, n.st.st_size)
+        for n in nodes
+        if stat.S_ISREG(n.st.st_mode) and not n.skipped
+    ]
 
 
 def _read_and_compress(
@@ -243,7 +247,9 @@ class Packer:
         nodes = _Walker(self.opts).walk()
         if self.opts.auto is not None:
             self._make_plan(nodes, self.opts.auto)
-        tmp = os.path.join(os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid()))
+        tmp = os.path.join(
+            os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid())
+        )
         os.mkdir(tmp)
         try:
             manifest = self._write(tmp, nodes)
@@ -257,9 +263,7 @@ class Packer:
         tasks = list(_chunk_tasks(nodes, self.opts.chunk_size))
         regular = sum(1 for node, _ in tasks if not node.broadcast)
         bytes_total = sum(n.st.st_size for n in nodes if stat.S_ISREG(n.st.st_mode))
-        bcast_bytes = sum(
-            n.st.st_size for n in nodes if stat.S_ISREG(n.st.st_mode) and n.broadcast
-        )
+        bcast_bytes = sum(n.st.st_size for n in nodes if stat.S_ISREG(n.st.st_mode) and n.broadcast)
         partitions = self.opts.partitions or default_partitions(bytes_total - bcast_bytes, regular)
         bcast_parts = default_partitions(bcast_bytes, len(tasks) - regular) if bcast_bytes else 0
         writer = PackWriter(tmp, partitions, bcast_parts)
@@ -298,7 +302,9 @@ class Packer:
         progress = Progress(total, len(tasks), enabled=not self.opts.quiet and sys.stderr.isatty())
         window = self.jobs * 8
         spec, chunk_size = self.opts.codec, self.opts.chunk_size
-        pending: collections.deque[tuple[_Node, concurrent.futures.Future[Any]]] = collections.deque()
+        pending: collections.deque[tuple[_Node, concurrent.futures.Future[Any]]] = (
+            collections.deque()
+        )
         todo = iter(tasks)
         with concurrent.futures.ThreadPoolExecutor(self.jobs, thread_name_prefix="pack") as pool:
             try:
@@ -319,7 +325,11 @@ class Packer:
                 progress.close()
 
     def _consume(
-        self, writer: PackWriter, node: _Node, result: tuple[int, bytes, int] | OSError, progress: Progress
+        self,
+        writer: PackWriter,
+        node: _Node,
+        result: tuple[int, bytes, int] | OSError,
+        progress: Progress,
     ) -> None:
         if node.skipped:
             return
@@ -337,7 +347,9 @@ class Packer:
         # Raw chunks (the incompressible fallback) never refer to the dictionary.
         dict_id = node.dict_id if codec != 0 else 0
         node.chunks.append((partition, offset, len(stored), codec, crc, dict_id))
-        usize = min(self.opts.chunk_size, node.st.st_size - (len(node.chunks) - 1) * self.opts.chunk_size)
+        usize = min(
+            self.opts.chunk_size, node.st.st_size - (len(node.chunks) - 1) * self.opts.chunk_size
+        )
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
         for table, key in ((self.codec_stats, name), (self.class_stats, node.cls)):
             stats = table.setdefault(key, [0, 0, 0])
@@ -382,7 +394,11 @@ class Packer:
         record = plan_record(self.plan)
         for row in record["classes"]:
             chunks, b_in, b_out = self.class_stats.get(row["class"], [0, 0, 0])
-            row["realised"] = {"chunks": chunks, "bytes_in": b_in, "bytes_out": b_out + row["dictionary_bytes"]}
+            row["realised"] = {
+                "chunks": chunks,
+                "bytes_in": b_in,
+                "bytes_out": b_out + row["dictionary_bytes"],
+            }
         return record
 
 
@@ -391,7 +407,10 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
     alive = [i for i, n in enumerate(nodes) if not n.skipped]
     new_id = {old: new for new, old in enumerate(alive)}
     names = bytearray()
-    cols: dict[str, list[int]] = {k: [] for k in ("parent", "name_off", "name_len", "mode", "mtime_ns", "size", "first", "count")}
+    cols: dict[str, list[int]] = {
+        k: []
+        for k in ("parent", "name_off", "name_len", "mode", "mtime_ns", "size", "first", "count")
+    }
     chunk_rows: list[tuple[int, int, int, int, int, int]] = []
     for old in alive:
         node = nodes[old]
@@ -417,9 +436,15 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
             cols["first"].append(len(chunk_rows))
             cols["count"].append(len(node.chunks))
             # Format 4: each chunk's crc32 also covers its chunk id (known only now).
-            for cid, (partition, offset, csize, codec, crc, dict_id) in enumerate(node.chunks, len(chunk_rows)):
-                chunk_rows.append((partition, offset, csize, codec, bind_chunk_crc(crc, cid), dict_id))
-    out = {k: np.array(v, dtype=np.int64 if k == "mtime_ns" else np.uint64) for k, v in cols.items()}
+            for cid, (partition, offset, csize, codec, crc, dict_id) in enumerate(
+                node.chunks, len(chunk_rows)
+            ):
+                chunk_rows.append(
+                    (partition, offset, csize, codec, bind_chunk_crc(crc, cid), dict_id)
+                )
+    out = {
+        k: np.array(v, dtype=np.int64 if k == "mtime_ns" else np.uint64) for k, v in cols.items()
+    }
     chunks = np.array(chunk_rows, dtype=np.uint64).reshape(-1, 6)
     for i, name in enumerate(("partition", "offset", "csize", "codec", "crc32", "dict")):
         out[name] = chunks[:, i]
@@ -430,7 +455,9 @@ def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]
 def _replace_dir(tmp: str, out: str) -> None:
     """Move the finished pack into place; an existing OUT (already checked) is replaced."""
     if os.path.isdir(out) and not os.path.islink(out) and os.listdir(out):
-        old = os.path.join(os.path.dirname(out), ".%s.fanfs-old-%d" % (os.path.basename(out), os.getpid()))
+        old = os.path.join(
+            os.path.dirname(out), ".%s.fanfs-old-%d" % (os.path.basename(out), os.getpid())
+        )
         os.rename(out, old)
         os.rename(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
@@ -460,9 +487,13 @@ def check_inputs(opts: PackOptions) -> None:
             raise PackInputError("output %s exists and is not a directory" % opts.out)
         if os.listdir(opts.out):
             if not opts.force:
-                raise PackInputError("output %s exists and is not empty (use --force to replace it)" % opts.out)
+                raise PackInputError(
+                    "output %s exists and is not empty (use --force to replace it)" % opts.out
+                )
             if not os.path.exists(os.path.join(opts.out, MANIFEST_NAME)):
-                raise PackInputError("output %s is not empty and not a fanfs pack; refusing to replace it" % opts.out)
+                raise PackInputError(
+                    "output %s is not empty and not a fanfs pack; refusing to replace it" % opts.out
+                )
     parent = os.path.dirname(os.path.abspath(opts.out))
     if not os.path.isdir(parent):
         raise PackInputError("cannot create %s: %s does not exist" % (opts.out, parent))
@@ -514,4 +545,3 @@ def run_pack(opts: PackOptions) -> dict[str, Any]:
         )
         print(summary_table(manifest))
     return manifest
-

@@ -64,7 +64,10 @@ def _number(text: str, what: str, *, positive: bool) -> float:
     except ValueError:
         value = -1.0
     if value < 0 or (positive and value == 0) or value != value or value == float("inf"):
-        raise UsageError("%s must be a %s number (got %r)" % (what, "positive" if positive else "non-negative", text))
+        raise UsageError(
+            "%s must be a %s number (got %r)"
+            % (what, "positive" if positive else "non-negative", text)
+        )
     return value
 
 
@@ -93,7 +96,9 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         target_bytes_per_s=bytes_rate,
         decode_cores=_number(args.decode_cores, "--decode-cores", positive=True),
         capacity_bytes=capacity,
-        check_mode=(args.mode or ("prefetch" if args.target_rate else None)) if capacity is not None else None,
+        check_mode=(args.mode or ("prefetch" if args.target_rate else None))
+        if capacity is not None
+        else None,
         sample_bytes=parse_size(args.sample_bytes),
         time_budget_s=_number(args.time_budget, "--time-budget", positive=True),
         seed=args.seed,
@@ -111,20 +116,48 @@ def _ratio(b_in: int, b_out: int) -> str:
 def plan_table(record: dict[str, Any]) -> str:
     """The plan table and its summary lines, from a `plan_record` (also the manifest's)."""
     head = "%-18s %8s %11s  %-13s %7s %8s %7s %11s %16s" % (
-        "class", "files", "bytes", "codec", "ratio", "dec MB/s", "budget", "projected", "sample")
+        "class",
+        "files",
+        "bytes",
+        "codec",
+        "ratio",
+        "dec MB/s",
+        "budget",
+        "projected",
+        "sample",
+    )
     lines = [head]
     for row in record["classes"]:
-        lines.append("%-18s %8d %11s  %-13s %7s %8s %7s %11s %16s" % (
-            row["class"][:18], row["files"], format_size(row["bytes"]), row["codec"],
-            "%.2fx" % row["ratio"], "%.0f" % row["decode_mbps"] if row["decode_mbps"] else "-",
-            "%.1f%%" % (100 * row["budget_share"]) if row["budget_share"] else "-",
-            format_size(row["projected_bytes"]),
-            "%d / %s" % (row["sample_units"], format_size(row["sample_bytes"]))))
-    lines.append("%-18s %8d %11s  %-13s %7s %8s %7s %11s" % (
-        "total", record["files"], format_size(record["bytes"]), "", _ratio(record["bytes"], record["projected_bytes"]),
-        "", "%.1f%%" % (100 * record["decode_s"] / record["budget_s"]) if record["budget_s"] else "-",
-        format_size(record["projected_bytes"])))
-    return "\n".join(lines + [""] + summary_lines(record))
+        lines.append(
+            "%-18s %8d %11s  %-13s %7s %8s %7s %11s %16s"
+            % (
+                row["class"][:18],
+                row["files"],
+                format_size(row["bytes"]),
+                row["codec"],
+                "%.2fx" % row["ratio"],
+                "%.0f" % row["decode_mbps"] if row["decode_mbps"] else "-",
+                "%.1f%%" % (100 * row["budget_share"]) if row["budget_share"] else "-",
+                format_size(row["projected_bytes"]),
+                "%d / %s" % (row["sample_units"], format_size(row["sample_bytes"])),
+            )
+        )
+    lines.append(
+        "%-18s %8d %11s  %-13s %7s %8s %7s %11s"
+        % (
+            "total",
+            record["files"],
+            format_size(record["bytes"]),
+            "",
+            _ratio(record["bytes"], record["projected_bytes"]),
+            "",
+            "%.1f%%" % (100 * record["decode_s"] / record["budget_s"])
+            if record["budget_s"]
+            else "-",
+            format_size(record["projected_bytes"]),
+        )
+    )
+    return "\n".join([*lines, "", *summary_lines(record)])
 
 
 def summary_lines(record: dict[str, Any]) -> list[str]:
@@ -134,43 +167,91 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     budget, decode = record["budget_s"], record["decode_s"]
     mode = record["check_mode"] if record["mode"] == "capacity" else record["mode"]
     if record["mode"] == "capacity":
-        out.append("objective   least decode time that fits in %s" % format_size(s["capacity_bytes"]))
+        out.append(
+            "objective   least decode time that fits in %s" % format_size(s["capacity_bytes"])
+        )
     if mode == "sync":
-        out.append("budget      sync: decode may add %g%% to the time to read a sample raw%s" % (
-            100 * s["max_overhead"], " plus %g ms of compute" % s["compute_ms"] if s["compute_ms"] else ""))
-        out.append("read model  %.3f ms + size / %.0f MB/s per file (%s)" % (
-            s["read_latency_ms"], s["read_mbps"],
-            "measured reading the sample from SRC; set --read-mbps and --read-latency-ms for the"
-            " storage the pack will be read from" if s["read_model"] == "measured" else "given"))
+        out.append(
+            "budget      sync: decode may add %g%% to the time to read a sample raw%s"
+            % (
+                100 * s["max_overhead"],
+                " plus %g ms of compute" % s["compute_ms"] if s["compute_ms"] else "",
+            )
+        )
+        out.append(
+            "read model  %.3f ms + size / %.0f MB/s per file (%s)"
+            % (
+                s["read_latency_ms"],
+                s["read_mbps"],
+                "measured reading the sample from SRC; set --read-mbps and --read-latency-ms "
+                "for the storage the pack will be read from"
+                if s["read_model"] == "measured"
+                else "given",
+            )
+        )
     elif mode == "prefetch":
-        target = ("%g files/s" % s["target_files_per_s"]) if s["target_files_per_s"] else ("%g MB/s" % s["target_mbps"])
-        out.append("budget      prefetch: decoding on %g cores must keep up with %s" % (s["decode_cores"], target))
+        target = (
+            ("%g files/s" % s["target_files_per_s"])
+            if s["target_files_per_s"]
+            else ("%g MB/s" % s["target_mbps"])
+        )
+        out.append(
+            "budget      prefetch: decoding on %g cores must keep up with %s"
+            % (s["decode_cores"], target)
+        )
         if decode:
-            out.append("            this plan decodes up to %.0f files/s (%s/s) on %g cores" % (
-                files * s["decode_cores"] / decode, format_size(record["bytes"] * s["decode_cores"] / decode),
-                s["decode_cores"]))
+            out.append(
+                "            this plan decodes up to %.0f files/s (%s/s) on %g cores"
+                % (
+                    files * s["decode_cores"] / decode,
+                    format_size(record["bytes"] * s["decode_cores"] / decode),
+                    s["decode_cores"],
+                )
+            )
     if budget is not None:
-        out.append("decode      %.3f s per epoch on one thread, %.1f%% of the budget of %.3f s; %.1f us per file" % (
-            decode, 100 * decode / budget if budget else 0.0, budget, 1e6 * decode / files))
+        out.append(
+            "decode      %.3f s per epoch on one thread, %.1f%% of the budget of %.3f s; "
+            "%.1f us per file"
+            % (decode, 100 * decode / budget if budget else 0.0, budget, 1e6 * decode / files)
+        )
     else:
-        out.append("decode      %.3f s per epoch on one thread; %.1f us per file" % (decode, 1e6 * decode / files))
+        out.append(
+            "decode      %.3f s per epoch on one thread; %.1f us per file"
+            % (decode, 1e6 * decode / files)
+        )
     solver = "optimal" if record["exact"] else "within %.2f%% of optimal" % (100 * record["gap"])
-    out.append("solver      %s (multiple-choice knapsack over %d candidates)" % (solver, len(s["candidates"])))
+    out.append(
+        "solver      %s (multiple-choice knapsack over %d candidates)"
+        % (solver, len(s["candidates"]))
+    )
     smp = record["sample"]
-    out.append("sample      %d units, %s, profiled in %.1f s, seed %d; ratios and speeds measured on this host, one thread" % (
-        smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"]))
+    out.append(
+        "sample      %d units, %s, profiled in %.1f s, seed %d; "
+        "ratios and speeds measured on this host, one thread"
+        % (smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"])
+    )
     return out
 
 
 def realised_table(record: dict[str, Any]) -> str:
     """`fanfs inspect`: each class's planned and realised ratio."""
-    lines = ["%-18s %-13s %9s %9s %11s %11s" % ("class", "codec", "planned", "realised", "bytes in", "stored")]
+    lines = [
+        "%-18s %-13s %9s %9s %11s %11s"
+        % ("class", "codec", "planned", "realised", "bytes in", "stored")
+    ]
     for row in record["classes"]:
         real = row.get("realised", {})
-        lines.append("%-18s %-13s %9s %9s %11s %11s" % (
-            row["class"][:18], row["codec"], "%.2fx" % row["ratio"],
-            _ratio(real.get("bytes_in", 0), real.get("bytes_out", 0)),
-            format_size(real.get("bytes_in", 0)), format_size(real.get("bytes_out", 0))))
+        lines.append(
+            "%-18s %-13s %9s %9s %11s %11s"
+            % (
+                row["class"][:18],
+                row["codec"],
+                "%.2fx" % row["ratio"],
+                _ratio(real.get("bytes_in", 0), real.get("bytes_out", 0)),
+                format_size(real.get("bytes_in", 0)),
+                format_size(real.get("bytes_out", 0)),
+            )
+        )
     return "\n".join(lines)
 
 

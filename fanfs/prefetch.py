@@ -18,8 +18,9 @@ What it learns from the READs a serving process sees (DESIGN.md section 6):
 - **Background fill** (`CacheFiller`): while the shared MinIO object cache has room, the
   node's chunks are decoded into it in storage order (bulk sequential reads of the pack),
   from the job's first LOOKUP or READ, by a process of its own at the lowest CPU priority
-  (in cluster mode a thread, from the first READ). A random epoch then hits the cache for every object it holds, and the fill
-  uses cores the readers leave idle (the training step's compute).
+  (in cluster mode a thread, from the first READ). A random epoch then hits the cache for
+  every object it holds, and the fill uses cores the readers leave idle (the training
+  step's compute).
 
 Where prefetched data goes (`into`): "kernel" pushes it into the kernel's page cache with
 notify_store, where the reader finds it without a FUSE round trip (and every serving process
@@ -199,7 +200,7 @@ class Prefetcher:
     def _walk(self, entry: int) -> None:
         walks = self._walks
         self._file_reads += 1
-        for number, stream in enumerate(walks):
+        for number, stream in enumerate(walks):  # noqa: B007 - used after the loop
             if stream.continues(entry):
                 break
         else:

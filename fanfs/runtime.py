@@ -35,7 +35,9 @@ def runtime_dir() -> str:
         # sudo keeps the caller's XDG_RUNTIME_DIR: root must not write into a user's.
         if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
             return private_dir(os.path.join(base, "fanfs"), advice=_RUNTIME_ADVICE)
-    return private_dir(os.path.join(tempfile.gettempdir(), "fanfs-%d" % uid), advice=_RUNTIME_ADVICE)
+    return private_dir(
+        os.path.join(tempfile.gettempdir(), "fanfs-%d" % uid), advice=_RUNTIME_ADVICE
+    )
 
 
 def private_dir(path: str, *, advice: str = "remove it") -> str:
@@ -97,7 +99,9 @@ def _unsafe(info: os.stat_result, *, private: bool) -> str | None:
 
 def open_append(path: str) -> int:
     """Open a log file for appending, creating it mode 0600; never through a symlink."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
 
 
 def create_new(path: str) -> int:

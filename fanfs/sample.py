@@ -17,19 +17,27 @@ JPEG_HEADER = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00
 
 
 def _jpeg_like(rng: np.random.Generator, size: int) -> bytes:
-    return JPEG_HEADER + rng.integers(0, 256, size - len(JPEG_HEADER) - 2, dtype=np.uint8).tobytes() + b"\xff\xd9"
+    return (
+        JPEG_HEADER
+        + rng.integers(0, 256, size - len(JPEG_HEADER) - 2, dtype=np.uint8).tobytes()
+        + b"\xff\xd9"
+    )
 
 
 def _features(rng: np.random.Generator, size: int) -> bytes:
     count = max(1, (size - 128) // 4)
     values = np.cumsum(rng.normal(0, 1, count)).astype(np.float16).astype(np.float32)
-    header = b"\x93NUMPY\x01\x00v\x00" + (
-        "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % count
-    ).encode().ljust(117) + b"\n"
+    header = (
+        b"\x93NUMPY\x01\x00v\x00"
+        + ("{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % count).encode().ljust(117)
+        + b"\n"
+    )
     return header + values.tobytes()
 
 
-def generate(root: str, files: int = 4000, *, classes: int = 20, mean_size: int = 100_000, seed: int = 0) -> int:
+def generate(
+    root: str, files: int = 4000, *, classes: int = 20, mean_size: int = 100_000, seed: int = 0
+) -> int:
     """Write the sample under `root` (created); returns the total bytes written."""
     rng = np.random.default_rng(seed)
     total = 0
@@ -49,8 +57,15 @@ def generate(root: str, files: int = 4000, *, classes: int = 20, mean_size: int 
         total += len(data)
     os.makedirs(os.path.join(root, "annotations"), exist_ok=True)
     for c in range(classes):
-        records = [{"id": i, "class": c, "bbox": [int(v) for v in rng.integers(0, 512, 4)], "label": "class_%03d" % c}
-                   for i in range(c, files, classes)]
+        records = [
+            {
+                "id": i,
+                "class": c,
+                "bbox": [int(v) for v in rng.integers(0, 512, 4)],
+                "label": "class_%03d" % c,
+            }
+            for i in range(c, files, classes)
+        ]
         data = json.dumps(records, indent=1).encode()
         with open(os.path.join(root, "annotations", "class_%03d.json" % c), "wb") as f:
             f.write(data)

@@ -3,12 +3,11 @@
 A mount may be served by several processes on the same /dev/fuse (forked after the INIT
 handshake, see mount.py). They share, through one anonymous MAP_SHARED mapping created before
 the fork: the counters (one row per process, summed for statistics), the per-partition
-"resident in memory" flags (set by the preloading thread in the first process, read by all),
-a bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails
-at once in every process), and a byte per chunk pushed into the kernel's page cache (by a
-prefetcher or the cache filler, so the others do not push it again). Plain loads and stores on aligned words; no locks: a counter row
-has one writer, and a flag or bit only ever goes from 0 to 1.
-"""
+"resident in memory" flags (set by the preloading thread in the first process, read by all), a
+bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails at once in
+every process), and a byte per chunk pushed into the kernel's page cache (by a prefetcher or
+the cache filler, so the others do not push it again). Plain loads and stores on aligned words;
+no locks: a counter row has one writer, and a flag or bit only ever goes from 0 to 1."""
 
 from __future__ import annotations
 

@@ -69,18 +69,41 @@ def _value(kind: str, value: float) -> str:
     return "%d" % value
 
 
-def format_table(stats: dict[str, Any], previous: dict[str, Any] | None = None, interval: float = 0.0) -> str:
-    lines = ["%s  (pack %s, %s serving process(es), no-open mode %s)" % (
-        stats.get("mountpoint", "?"), stats.get("pack", "?"), stats.get("processes", "?"),
-        "on" if stats.get("noopen") else "off")]
+def format_table(
+    stats: dict[str, Any], previous: dict[str, Any] | None = None, interval: float = 0.0
+) -> str:
+    lines = [
+        "%s  (pack %s, %s serving process(es), no-open mode %s)"
+        % (
+            stats.get("mountpoint", "?"),
+            stats.get("pack", "?"),
+            stats.get("processes", "?"),
+            "on" if stats.get("noopen") else "off",
+        )
+    ]
     if "rank" in stats:
-        lines.append("cluster rank %d of %d, local partitions %s, peers down %s" % (
-            stats["rank"], stats["ranks"], stats.get("local_partitions"), stats.get("peers_down") or "none"))
+        lines.append(
+            "cluster rank %d of %d, local partitions %s, peers down %s"
+            % (
+                stats["rank"],
+                stats["ranks"],
+                stats.get("local_partitions"),
+                stats.get("peers_down") or "none",
+            )
+        )
     if "cache_policy" in stats:
-        lines.append("object cache %s: %s of %s, %d objects; prefetch %s, buffer %s of %s" % (
-            stats["cache_policy"], format_size(stats.get("cache_bytes", 0)), format_size(stats.get("cache_budget", 0)),
-            stats.get("cache_objects", 0), stats.get("prefetch", "?"), format_size(stats.get("buffer_bytes", 0)),
-            format_size(stats.get("buffer_budget", 0))))
+        lines.append(
+            "object cache %s: %s of %s, %d objects; prefetch %s, buffer %s of %s"
+            % (
+                stats["cache_policy"],
+                format_size(stats.get("cache_bytes", 0)),
+                format_size(stats.get("cache_budget", 0)),
+                stats.get("cache_objects", 0),
+                stats.get("prefetch", "?"),
+                format_size(stats.get("buffer_bytes", 0)),
+                format_size(stats.get("buffer_budget", 0)),
+            )
+        )
     header = "%-40s %16s" % ("counter", "total") + ("  %14s" % "per second" if previous else "")
     lines.append(header)
     for key, label, kind in ROWS:
@@ -92,10 +115,16 @@ def format_table(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             row += "  %14s" % (_value(kind, rate) if kind != "ns" else "%.1f%%" % (rate / 1e7))
         lines.append(row)
     if stats.get("reads"):
-        lines.append("%-40s %16.1f" % ("mean READ service time (us)", stats["read_ns"] / stats["reads"] / 1e3))
+        lines.append(
+            "%-40s %16.1f"
+            % ("mean READ service time (us)", stats["read_ns"] / stats["reads"] / 1e3)
+        )
     if stats.get("chunk_reads"):
         hits = stats.get("object_hits", 0) + stats.get("buffer_hits", 0)
-        lines.append("%-40s %15.1f%%" % ("chunk reads served from memory", 100.0 * hits / stats["chunk_reads"]))
+        lines.append(
+            "%-40s %15.1f%%"
+            % ("chunk reads served from memory", 100.0 * hits / stats["chunk_reads"])
+        )
     return "\n".join(lines)
 
 

@@ -1,10 +1,11 @@
 """`ChunkStore`: decoded bytes of a file's chunks, for the FUSE read path.
 
 Owns the decision of where a chunk is decoded: inline on the trio thread when its partition is
-resident (copied into the mount's memory by `preload`) and the chunk is small (a thread hand-off costs more than the decode,
-DESIGN.md section 4), otherwise in a worker thread under a `CapacityLimiter` (cold disk,
-large chunks). Verifies every stored chunk's crc32 before decoding; a chunk that fails once
-is remembered as broken and fails again at once without new I/O.
+resident (copied into the mount's memory by `preload`) and the chunk is small (a thread
+hand-off costs more than the decode, DESIGN.md section 4), otherwise in a worker thread under a
+`CapacityLimiter` (cold disk, large chunks). Verifies every stored chunk's crc32 before
+decoding; a chunk that fails once is remembered as broken and fails again at once without new
+I/O.
 
 Where decoded chunks are kept (cache.py has the policies):
 - the mount's object cache (MinIO by default, shared by the serving processes): every decoded
@@ -490,7 +491,11 @@ class ChunkStore:
                 if not reader.load_partition(number, stop.is_set):
                     return total
             except OSError as exc:
-                log.warning("partition %d changed while it was being loaded (%s); serving it from the pack", number, exc)
+                log.warning(
+                    "partition %d changed while it was being loaded (%s); serving it from the pack",
+                    number,
+                    exc,
+                )
                 continue
             self._resident[number] = 1
             total += reader.partitions[number]["size"]

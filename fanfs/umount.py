@@ -94,9 +94,15 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
             % (mountpoint, os.path.basename(tool), FUSERMOUNT_TIMEOUT_S, mountpoint)
         ) from None
     if proc.returncode != 0:
-        message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "exit %d" % proc.returncode
+        message = (
+            proc.stderr.strip().splitlines()[-1]
+            if proc.stderr.strip()
+            else "exit %d" % proc.returncode
+        )
         if "busy" in message.lower():
-            raise MountSetupError("%s is busy (files are open); close them, or use --lazy" % mountpoint)
+            raise MountSetupError(
+                "%s is busy (files are open); close them, or use --lazy" % mountpoint
+            )
         raise MountSetupError("cannot unmount %s: %s" % (mountpoint, message))
     if not lazy and answer is None:
         raise MountSetupError(
@@ -134,4 +140,6 @@ def _wait_exit(pid: int) -> None:
         if not _alive(pid):
             return
         time.sleep(0.02)
-    raise MountSetupError("unmounted, but the fanfs daemon (pid %d) did not exit within %ds" % (pid, EXIT_WAIT_S))
+    raise MountSetupError(
+        "unmounted, but the fanfs daemon (pid %d) did not exit within %ds" % (pid, EXIT_WAIT_S)
+    )

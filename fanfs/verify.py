@@ -39,21 +39,38 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
     opts = manifest["options"]
     lines = [
         "pack        %s" % path,
-        "format      version %d, %s" % (manifest["format_version"], manifest.get("created_by", "?")),
-        "options     codec %s, chunk size %s" % (opts["codec"], format_size(manifest["chunk_size"])),
-        "entries     %d files, %d directories, %d symlinks" % (totals["files"], totals["dirs"], totals["symlinks"]),
-        "data        %s in, %s stored (%.2fx)" % (
-            format_size(totals["bytes_in"]), format_size(totals["bytes_out"]),
-            totals["bytes_in"] / totals["bytes_out"] if totals["bytes_out"] else 1.0),
-        "partitions  %d regular (%s to %s each), %d broadcast (%s)" % (
-            len(parts) - len(bcast), format_size(int(sizes.min())), format_size(int(sizes.max())),
-            len(bcast), format_size(sum(p["size"] for p in bcast))),
+        "format      version %d, %s"
+        % (manifest["format_version"], manifest.get("created_by", "?")),
+        "options     codec %s, chunk size %s"
+        % (opts["codec"], format_size(manifest["chunk_size"])),
+        "entries     %d files, %d directories, %d symlinks"
+        % (totals["files"], totals["dirs"], totals["symlinks"]),
+        "data        %s in, %s stored (%.2fx)"
+        % (
+            format_size(totals["bytes_in"]),
+            format_size(totals["bytes_out"]),
+            totals["bytes_in"] / totals["bytes_out"] if totals["bytes_out"] else 1.0,
+        ),
+        "partitions  %d regular (%s to %s each), %d broadcast (%s)"
+        % (
+            len(parts) - len(bcast),
+            format_size(int(sizes.min())),
+            format_size(int(sizes.max())),
+            len(bcast),
+            format_size(sum(p["size"] for p in bcast)),
+        ),
         "broadcast   %s" % (", ".join(opts["broadcast"]) or "(none)"),
     ]
     dicts = manifest.get("dictionaries") or []
     if dicts:
-        lines.append("dictionaries %d (%s): %s" % (
-            len(dicts), format_size(sum(d["size"] for d in dicts)), ", ".join(d["class"] for d in dicts)))
+        lines.append(
+            "dictionaries %d (%s): %s"
+            % (
+                len(dicts),
+                format_size(sum(d["size"] for d in dicts)),
+                ", ".join(d["class"] for d in dicts),
+            )
+        )
     lines += ["", summary_table(manifest)]
     plan = manifest.get("plan")
     if plan:
@@ -67,9 +84,23 @@ def _plan_lines(plan: dict[str, Any]) -> list[str]:
     from fanfs.plan import realised_table, summary_lines
 
     try:
-        return ["codec plan (--codec auto), as planned and as realised:", realised_table(plan), *summary_lines(plan)]
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError):
-        return ["codec plan: the manifest's plan record is malformed (fanfs inspect --json shows it)"]
+        return [
+            "codec plan (--codec auto), as planned and as realised:",
+            realised_table(plan),
+            *summary_lines(plan),
+        ]
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        ZeroDivisionError,
+        OverflowError,
+    ):
+        return [
+            "codec plan: the manifest's plan record is malformed (fanfs inspect --json shows it)"
+        ]
 
 
 def _chunk_owners(reader: PackReader) -> np.ndarray:
@@ -117,18 +148,25 @@ class _Checker:
             if chunk_crc(stored, cid, reader.crc_binds_chunk) != index.chunk_crc32[cid]:
                 raise CorruptDataError("checksum mismatch")
             usize = reader.chunk_usize(entry, chunk_no)
-            decompress(index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid]))
+            decompress(
+                index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid])
+            )
         except CorruptDataError as exc:
             return "%s: chunk %d (partition %d): %s" % (
-                display(index.path(entry)), chunk_no, index.chunk_partition[cid], exc)
+                display(index.path(entry)),
+                chunk_no,
+                index.chunk_partition[cid],
+                exc,
+            )
         return None
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
 
 
-def _scan_partition(reader: PackReader, number: int, chunks: np.ndarray, checker: _Checker,
-                    progress: Progress) -> bool:
+def _scan_partition(
+    reader: PackReader, number: int, chunks: np.ndarray, checker: _Checker, progress: Progress
+) -> bool:
     """Read partition `number` once, front to back: its crc32 (returned: whether it matches)
     and every chunk in it, handed to `checker` in offset order. Holds at most one chunk plus
     one read in memory."""
@@ -164,7 +202,9 @@ def verify_pack(path: str, *, quiet: bool = False) -> int:
     otherwise (each bad object printed)."""
     reader = PackReader(path)
     total = sum(p["size"] for p in reader.partitions)
-    progress = Progress(total, len(reader.partitions), enabled=not quiet and sys.stderr.isatty(), label="verifying")
+    progress = Progress(
+        total, len(reader.partitions), enabled=not quiet and sys.stderr.isatty(), label="verifying"
+    )
     index = reader.index
     partitions = index.arrays["partition"]
     order = np.lexsort((index.arrays["offset"], partitions))
@@ -172,7 +212,7 @@ def verify_pack(path: str, *, quiet: bool = False) -> int:
     checker = _Checker(reader, _chunk_owners(reader))
     bad: list[str] = []
     try:
-        for number, part in enumerate(reader.partitions):
+        for number, _part in enumerate(reader.partitions):
             chunks = order[bounds[number] : bounds[number + 1]]
             crc_ok = _scan_partition(reader, number, chunks, checker, progress)
             damaged = checker.drain()
@@ -180,7 +220,9 @@ def verify_pack(path: str, *, quiet: bool = False) -> int:
             if not crc_ok and not damaged:
                 bad.append("partition %s: checksum mismatch" % partition_name(number))
     except OSError as exc:
-        raise CorruptDataError("%s: cannot read the pack: %s" % (path, exc.strerror or exc)) from exc
+        raise CorruptDataError(
+            "%s: cannot read the pack: %s" % (path, exc.strerror or exc)
+        ) from exc
     finally:
         checker.close()
         progress.close()
@@ -190,5 +232,8 @@ def verify_pack(path: str, *, quiet: bool = False) -> int:
         print("fanfs verify: %s: %d damaged object(s)" % (path, len(bad)), file=sys.stderr)
         return 3
     if not quiet:
-        print("%s: OK (%d partitions, %d chunks, %s)" % (path, len(reader.partitions), index.chunk_count, format_size(total)))
+        print(
+            "%s: OK (%d partitions, %d chunks, %s)"
+            % (path, len(reader.partitions), index.chunk_count, format_size(total))
+        )
     return 0

@@ -562,7 +562,14 @@ def test_with_replicas_killing_a_rank_mid_read_keeps_reads_correct(
     mpi_jobs: StartJob, tree: Tree
 ) -> None:
     job = mpi_jobs(
-        tree.pack, 3, "--replicas", "2", "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE, recovery=True
+        tree.pack,
+        3,
+        "--replicas",
+        "2",
+        "--remote-timeout",
+        str(REMOTE_TIMEOUT_S),
+        *NO_CACHE,
+        recovery=True,
     )
     local = locals_of(job, [job.stats(r) for r in range(3)])
     for n in tree.regular:
@@ -605,7 +612,9 @@ def test_with_replicas_killing_a_rank_mid_read_keeps_reads_correct(
 def test_without_replicas_the_pack_serves_a_killed_ranks_files(
     mpi_jobs: StartJob, tree: Tree
 ) -> None:
-    job = mpi_jobs(tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE, recovery=True)
+    job = mpi_jobs(
+        tree.pack, 3, "--remote-timeout", str(REMOTE_TIMEOUT_S), *NO_CACHE, recovery=True
+    )
     local = locals_of(job, [job.stats(r) for r in range(3)])
     victim = 2
     job.kill_rank(victim)

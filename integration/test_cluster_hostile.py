@@ -27,9 +27,14 @@ EXIT_DEADLINE_S = 45.0
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("hostile-cluster")
-    src = write_tree(base / "src", {"d%d/f%02d.txt" % (i % 3, i): label_text(20_000, i) for i in range(30)})
+    src = write_tree(
+        base / "src", {"d%d/f%02d.txt" % (i % 3, i): label_text(20_000, i) for i in range(30)}
+    )
     out = base / "good.fan"
-    assert run_fanfs("pack", src, out, "-q", "--partitions", "4", "--chunk-size", "64KiB").returncode == 0
+    assert (
+        run_fanfs("pack", src, out, "-q", "--partitions", "4", "--chunk-size", "64KiB").returncode
+        == 0
+    )
     return out
 
 
@@ -40,6 +45,7 @@ def test_a_partition_named_outside_the_pack_stops_every_rank_before_staging(
 ) -> None:
     """A root rank used to copy `PACK/NAME` to `CACHE/pack-XXXXXXXX/NAME` (plus a .verified
     marker) wherever NAME led. '../../escaped' from a rank's stage dir is the job's workdir."""
+
     def rename(manifest: dict[str, Any]) -> None:
         manifest["partitions"][1]["file"] = name
 
@@ -48,12 +54,17 @@ def test_a_partition_named_outside_the_pack_stops_every_rank_before_staging(
     job = mpi_jobs(forged, 3, ready=False, name="job")
     code = job.wait_exit(EXIT_DEADLINE_S)
     out = job.output()
-    message = "fanfs mount: error: %s: manifest field partitions[1].file is %r, expected 'part-00001'" % (forged, name)
+    message = (
+        "fanfs mount: error: %s: manifest field partitions[1].file is %r, expected 'part-00001'"
+        % (forged, name)
+    )
     assert code == 3, "mpirun exited %d:\n%s" % (code, out)
     assert out.count(message) == 3, out
     assert "Traceback" not in out, out
     assert job.mounted() == []
-    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "escaped" in p.name)
+    written = sorted(
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "escaped" in p.name
+    )
     assert written == ["forged.fan/escaped"]
     assert not Path("/tmp/fanfs-escaped-by-a-pack").exists()
     # Nothing was staged either: rank 0 refused the pack before any rank copied a byte.
@@ -86,12 +97,15 @@ def test_a_cache_dir_writable_by_others_is_refused_by_every_rank(
     out = job.output()
     assert code == 4, "mpirun exited %d:\n%s" % (code, out)
     assert "Traceback" not in out, out
-    assert_each_rank_refused(out, [
-        "refusing to use --cache-dir %s: it is writable by others (other users could replace "
-        "what fanfs writes there; use a directory only you can write)"
-        % (job.workdir / ("cache%d" % rank))
-        for rank in range(NP)
-    ])
+    assert_each_rank_refused(
+        out,
+        [
+            "refusing to use --cache-dir %s: it is writable by others (other users could replace "
+            "what fanfs writes there; use a directory only you can write)"
+            % (job.workdir / ("cache%d" % rank))
+            for rank in range(NP)
+        ],
+    )
     assert job.mounted() == []
     assert [p for p in job.workdir.rglob("pack-*")] == []
 
@@ -120,10 +134,13 @@ def test_a_planted_stage_dir_in_a_shared_cache_dir_is_refused(
     out = job.output()
     assert code == 4, "mpirun exited %d:\n%s" % (code, out)
     assert "Traceback" not in out, out
-    assert_each_rank_refused(out, [
-        "refusing to use %s: it is a symbolic link (it must be a directory of uid %d with mode "
-        "0700; remove it)" % (job.workdir / ("cache%d" % rank) / stage_name, os.geteuid())
-        for rank in range(NP)
-    ])
+    assert_each_rank_refused(
+        out,
+        [
+            "refusing to use %s: it is a symbolic link (it must be a directory of uid %d with mode "
+            "0700; remove it)" % (job.workdir / ("cache%d" % rank) / stage_name, os.geteuid())
+            for rank in range(NP)
+        ],
+    )
     assert list(victim.iterdir()) == []
     assert job.mounted() == []

@@ -24,14 +24,22 @@ def _mounted(mnt: Path) -> bool:
 
 
 def _tar_sha(root: Path) -> str:
-    tar = subprocess.run(["tar", "--sort=name", "--numeric-owner", "-C", str(root), "-cf", "-", "."],
-                         capture_output=True, check=True)
+    tar = subprocess.run(
+        ["tar", "--sort=name", "--numeric-owner", "-C", str(root), "-cf", "-", "."],
+        capture_output=True,
+        check=True,
+    )
     return hashlib.sha256(tar.stdout).hexdigest()
 
 
 def _sha256sums(root: Path) -> bytes:
-    return subprocess.run("find . -type f -print0 | sort -z | xargs -0 sha256sum", shell=True, cwd=root,
-                          capture_output=True, check=True).stdout
+    return subprocess.run(
+        "find . -type f -print0 | sort -z | xargs -0 sha256sum",
+        shell=True,
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout
 
 
 def test_20000_files_round_trip(tmp_path: Path) -> None:
@@ -47,8 +55,12 @@ def test_20000_files_round_trip(tmp_path: Path) -> None:
     result = run_fanfs("mount", pack, mnt, "-o", "fsname=fanfs-test")
     assert result.returncode == 0, result.stderr
     try:
-        diff = subprocess.run(["diff", "-r", "--no-dereference", str(src), str(mnt)],
-                              capture_output=True, text=True, check=False)
+        diff = subprocess.run(
+            ["diff", "-r", "--no-dereference", str(src), str(mnt)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert diff.returncode == 0, diff.stdout[-2000:] + diff.stderr[-2000:]
         assert _tar_sha(mnt) == _tar_sha(src)
         assert _sha256sums(mnt) == _sha256sums(src)

@@ -44,7 +44,12 @@ def as_nobody(
         pytest.skip("needs root and setpriv to act as a second user")
     return subprocess.run(
         ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", *map(str, cmd)],
-        capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+        cwd="/",
     )
 
 
@@ -59,9 +64,13 @@ def public_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run_fanfs(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_fanfs(
+    *args: str | os.PathLike[str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI as a user would; returns the completed process (never raises on exit code)."""
-    return subprocess.run([*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def _mount_entry(path: Path) -> str | None:
@@ -98,8 +107,18 @@ class Mount:
         if reason:
             pytest.skip(reason)
         self.mnt.mkdir(parents=True, exist_ok=True)
-        cmd = [*FANFS, "mount", "-f", "--log", str(self.log), "-o", "fsname=" + TEST_FSNAME,
-               *self.extra, str(self.pack), str(self.mnt)]
+        cmd = [
+            *FANFS,
+            "mount",
+            "-f",
+            "--log",
+            str(self.log),
+            "-o",
+            "fsname=" + TEST_FSNAME,
+            *self.extra,
+            str(self.pack),
+            str(self.mnt),
+        ]
         self.proc = subprocess.Popen(cmd, start_new_session=True)
         # Watchdog: a hung request leaves the test stuck in the kernel, where pytest-timeout
         # cannot reach it; killing the server makes the request fail (ENOTCONN) instead.
@@ -118,7 +137,9 @@ class Mount:
         deadline, step = time.monotonic() + MOUNT_WAIT_S, 0.01
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail("fanfs mount exited with %s:\n%s" % (self.proc.returncode, self.log_text()))
+                pytest.fail(
+                    "fanfs mount exited with %s:\n%s" % (self.proc.returncode, self.log_text())
+                )
             if _mount_entry(self.mnt) == "fuse.fanfs":
                 with contextlib.suppress(OSError):
                     os.statvfs(self.mnt)
@@ -130,7 +151,10 @@ class Mount:
     def _kill_server(self) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            print("watchdog: killing the fanfs server of %s after %ds" % (self.mnt, WATCHDOG_S), file=sys.stderr)
+            print(
+                "watchdog: killing the fanfs server of %s after %ds" % (self.mnt, WATCHDOG_S),
+                file=sys.stderr,
+            )
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
@@ -157,7 +181,9 @@ class Mount:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGUSR1)
         if _mount_entry(self.mnt) is not None:
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+            subprocess.run(
+                ["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True
+            )
         if self.proc is not None:
             self.proc.terminate()
             try:
@@ -246,7 +272,6 @@ def edge_mount(edge_pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """One shared mount of the edge pack for read-only checks (mounting costs a second)."""
     with Mount(edge_pack, tmp_path_factory.mktemp("edge-mnt") / "mnt") as mount:
         yield mount
-
 
 
 _READERS: list[PackReader] = []

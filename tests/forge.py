@@ -54,7 +54,9 @@ class PackImage:
         for col in self.manifest["index"]["columns"]:
             data = blob[col["offset"] : col["offset"] + col["length"]]
             self.columns[col["name"]] = np.frombuffer(data, dtype=col["dtype"]).copy()
-        self.parts = [bytearray((pack / p["file"]).read_bytes()) for p in self.manifest["partitions"]]
+        self.parts = [
+            bytearray((pack / p["file"]).read_bytes()) for p in self.manifest["partitions"]
+        ]
 
     # Editing helpers ---------------------------------------------------------------------
     def chunk(self, cid: int) -> bytes:
@@ -79,8 +81,10 @@ class PackImage:
         for part in rel.split(b"/"):
             first, count = int(c["first"][entry]), int(c["count"][entry])
             found = [
-                e for e in range(first, first + count)
-                if names[int(c["name_off"][e]) : int(c["name_off"][e]) + int(c["name_len"][e])] == part
+                e
+                for e in range(first, first + count)
+                if names[int(c["name_off"][e]) : int(c["name_off"][e]) + int(c["name_len"][e])]
+                == part
             ]
             assert found, rel
             entry = found[0]
@@ -111,8 +115,14 @@ class PackImage:
         if dict_crcs:
             dicts = self.columns.get("dicts", np.zeros(0, np.uint8)).tobytes()
             for meta in manifest.get("dictionaries", []):
-                if isinstance(meta, dict) and isinstance(meta.get("offset"), int) and isinstance(meta.get("size"), int):
-                    meta["crc32"] = zlib.crc32(dicts[meta["offset"] : meta["offset"] + meta["size"]])
+                if (
+                    isinstance(meta, dict)
+                    and isinstance(meta.get("offset"), int)
+                    and isinstance(meta.get("size"), int)
+                ):
+                    meta["crc32"] = zlib.crc32(
+                        dicts[meta["offset"] : meta["offset"] + meta["size"]]
+                    )
         for number, data in enumerate(self.parts):
             meta = manifest["partitions"][number]
             meta["size"], meta["crc32"] = len(data), zlib.crc32(data)

@@ -45,9 +45,10 @@ MEMORY_HEADROOM = 768 << 20  # address space a case may add to what the harness 
 
 def _bombs(usize: int) -> dict[int, bytes]:
     """A bomb per codec id that stores in at most `usize` bytes and decodes to far more."""
+    import lzma
+
     import brotli
     import lz4.block
-    import lzma
     import zstandard
 
     from fanfs.compression import _lzma_filters
@@ -56,8 +57,12 @@ def _bombs(usize: int) -> dict[int, bytes]:
     cobj = zstandard.ZstdCompressor(level=19).compressobj(size=64 << 20)
     out[2] = b"".join([*(cobj.compress(bytes(1 << 24)) for _ in range(4)), cobj.flush()])
     out[3] = brotli.compress(bytes(64 << 20), quality=11)
-    out[4] = lzma.compress(bytes(16 << 20), format=lzma.FORMAT_ALONE, filters=_lzma_filters(9, 4096))
-    out[1] = lz4.block.compress(bytes(256 << 10), store_size=False, mode="high_compression", compression=12)
+    out[4] = lzma.compress(
+        bytes(16 << 20), format=lzma.FORMAT_ALONE, filters=_lzma_filters(9, 4096)
+    )
+    out[1] = lz4.block.compress(
+        bytes(256 << 10), store_size=False, mode="high_compression", compression=12
+    )
     return {codec: data for codec, data in out.items() if len(data) <= usize}
 
 
@@ -69,8 +74,13 @@ def _new_value(rng: random.Random, column: np.ndarray, row: int) -> int:
     old = int(column[row])
     how = rng.choice(_NEW_VALUES)
     value = {
-        "zero": 0, "one": 1, "max": int(info.max), "plus": old + 1, "minus": old - 1,
-        "flip": old ^ (1 << rng.randrange(info.bits)), "other": int(column[rng.randrange(len(column))]),
+        "zero": 0,
+        "one": 1,
+        "max": int(info.max),
+        "plus": old + 1,
+        "minus": old - 1,
+        "flip": old ^ (1 << rng.randrange(info.bits)),
+        "other": int(column[rng.randrange(len(column))]),
         "big": rng.randrange(0, 1 << min(info.bits - 1, 40)),
     }[how]
     return max(int(info.min), min(int(info.max), value))
@@ -78,13 +88,29 @@ def _new_value(rng: random.Random, column: np.ndarray, row: int) -> int:
 
 def _leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(obj, dict):
-        return [path] + [leaf for key, value in obj.items() for leaf in _leaves(value, (*path, key))]
+        return [path] + [
+            leaf for key, value in obj.items() for leaf in _leaves(value, (*path, key))
+        ]
     if isinstance(obj, list):
         return [path] + [leaf for i, value in enumerate(obj) for leaf in _leaves(value, (*path, i))]
     return [path]
 
 
-_JSON_VALUES: tuple[Any, ...] = (0, -1, 1, 2**63, 4096, "x", "part-00000", "../x", None, [], {}, True, 1.5)
+_JSON_VALUES: tuple[Any, ...] = (
+    0,
+    -1,
+    1,
+    2**63,
+    4096,
+    "x",
+    "part-00000",
+    "../x",
+    None,
+    [],
+    {},
+    True,
+    1.5,
+)
 
 
 def _forge_manifest(rng: random.Random, manifest: dict[str, Any]) -> str:
@@ -112,8 +138,20 @@ def forge(rng: random.Random, image: PackImage, bombs: dict[int, bytes], done: l
     after: list[Any] = []
     c = image.columns
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
-        kind = rng.choice(("column", "column", "column", "manifest", "names", "partition", "partition",
-                           "dict", "bomb", "cut"))
+        kind = rng.choice(
+            (
+                "column",
+                "column",
+                "column",
+                "manifest",
+                "names",
+                "partition",
+                "partition",
+                "dict",
+                "bomb",
+                "cut",
+            )
+        )
         if kind == "column":
             name = rng.choice([n for n in c if len(c[n]) and n not in ("names", "dicts")])
             row = rng.randrange(len(c[name]))
@@ -140,16 +178,25 @@ def forge(rng: random.Random, image: PackImage, bombs: dict[int, bytes], done: l
             cid = rng.randrange(len(c["partition"]))
             part = image.parts[int(c["partition"][cid])]
             start, csize = int(c["offset"][cid]), int(c["csize"][cid])
-            if 0 < csize and start + csize <= len(part):  # (an earlier forgery may have moved it)
+            if csize > 0 and start + csize <= len(part):  # (an earlier forgery may have moved it)
                 pos = start + rng.randrange(csize)
                 part[pos] ^= 1 << rng.randrange(8)
                 fixed = rng.random() < 0.5
                 if fixed:  # the attacker recomputes the chunk's checksum too
-                    c["crc32"][cid] = bound_crc(bytes(part[start : start + csize]), cid, image.version)
-                done.append("chunk %d byte %d flipped%s" % (cid, pos - start, " (crc fixed)" if fixed else ""))
+                    c["crc32"][cid] = bound_crc(
+                        bytes(part[start : start + csize]), cid, image.version
+                    )
+                done.append(
+                    "chunk %d byte %d flipped%s"
+                    % (cid, pos - start, " (crc fixed)" if fixed else "")
+                )
         elif kind == "bomb" and len(c["partition"]):
             cid = rng.randrange(len(c["partition"]))
-            usable = {k: v for k, v in bombs.items() if len(v) <= int(c["csize"][cid]) or rng.random() < 0.3}
+            usable = {
+                k: v
+                for k, v in bombs.items()
+                if len(v) <= int(c["csize"][cid]) or rng.random() < 0.3
+            }
             if usable:
                 codec = rng.choice(sorted(usable))
                 image.set_chunk(cid, usable[codec])
@@ -233,7 +280,9 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
                 while len(got) < size:
                     piece = await ops.read(inode, len(got), 128 * 1024)
                     if not piece:
-                        problems.append("entry %d: read returned 0 bytes at %d of %d" % (entry, len(got), size))
+                        problems.append(
+                            "entry %d: read returned 0 bytes at %d of %d" % (entry, len(got), size)
+                        )
                         break
                     got += piece
                 served: bytes | None = bytes(got)
@@ -243,9 +292,18 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
                 served = None
             expected = reference_read(image, entry=entry)
             if served != expected:
-                problems.append("entry %d (%s): served %s, the reference decoder %s" % (
-                    entry, index.path(entry)[-40:], "EIO" if served is None else "%d bytes" % len(served),
-                    "EIO" if expected is None else "%d bytes%s" % (len(expected), "" if served is None else " that differ")))
+                problems.append(
+                    "entry %d (%s): served %s, the reference decoder %s"
+                    % (
+                        entry,
+                        index.path(entry)[-40:],
+                        "EIO" if served is None else "%d bytes" % len(served),
+                        "EIO"
+                        if expected is None
+                        else "%d bytes%s"
+                        % (len(expected), "" if served is None else " that differ"),
+                    )
+                )
         await ops.statfs()
 
     image = PackImage(pack)  # the reference decoder's own parse, once per case
@@ -258,7 +316,10 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
         inspect_pack(str(pack))
     if code not in (0, 3):
         problems.append("verify returned %d" % code)
-    return "served (verify %d, %d EIO)" % (code, shared.totals()[sh.COUNTER_NAMES[sh.DATA_ERRORS]]), problems
+    return "served (verify %d, %d EIO)" % (
+        code,
+        shared.totals()[sh.COUNTER_NAMES[sh.DATA_ERRORS]],
+    ), problems
 
 
 def _run_child(pack: Path, preload: bool, write_fd: int) -> None:
@@ -273,8 +334,11 @@ def _run_child(pack: Path, preload: bool, write_fd: int) -> None:
     logging.getLogger("fanfs").propagate = False
     try:
         outcome, problems = _serve_everything(pack, preload)
-    except BaseException as exc:  # noqa: BLE001 - every escape is a finding
-        outcome, problems = "crashed", ["%s: %s" % (type(exc).__name__, exc), traceback.format_exc()[-2000:]]
+    except BaseException as exc:
+        outcome, problems = (
+            "crashed",
+            ["%s: %s" % (type(exc).__name__, exc), traceback.format_exc()[-2000:]],
+        )
     os.write(write_fd, json.dumps({"outcome": outcome, "problems": problems}).encode())
 
 
@@ -286,7 +350,7 @@ def run_case(pack: Path, preload: bool) -> dict[str, Any]:
         code = 0
         try:
             _run_child(pack, preload, write_fd)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             code = 1
         finally:
             os._exit(code)
@@ -307,11 +371,17 @@ def run_case(pack: Path, preload: bool) -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     if deadline_reached or os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
-        return {"outcome": "died", "problems": ["child killed by %s (hang or crash)" % signal.Signals(sig).name]}
+        return {
+            "outcome": "died",
+            "problems": ["child killed by %s (hang or crash)" % signal.Signals(sig).name],
+        }
     try:
         result: dict[str, Any] = json.loads(b"".join(chunks))
     except ValueError:
-        return {"outcome": "died", "problems": ["no result (exit %d)" % os.waitstatus_to_exitcode(status)]}
+        return {
+            "outcome": "died",
+            "problems": ["no result (exit %d)" % os.waitstatus_to_exitcode(status)],
+        }
     return result
 
 
@@ -328,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     import pyfuse3  # noqa: F401
     import trio  # noqa: F401
 
-    import fanfs.operations  # noqa: F401
+    import fanfs.operations
     import fanfs.verify  # noqa: F401
+
     for case in range(args.cases):
         rng = random.Random(args.seed * 1_000_003 + case)
         base = args.bases[case % len(args.bases)]

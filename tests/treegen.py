@@ -35,7 +35,16 @@ def make_edge_tree(root: Path, *, chunk_size: int) -> None:
     # sizes around chunk boundaries, compressible and not
     sizes = root / "sizes"
     sizes.mkdir()
-    for n in (1, 2, 100, chunk_size - 1, chunk_size, chunk_size + 1, 3 * chunk_size + 17, 10 * chunk_size):
+    for n in (
+        1,
+        2,
+        100,
+        chunk_size - 1,
+        chunk_size,
+        chunk_size + 1,
+        3 * chunk_size + 17,
+        10 * chunk_size,
+    ):
         _write(sizes / ("text_%d" % n), _text(n, n))
         _write(sizes / ("rand_%d" % n), _random(n, n))
     _write(root / "empty", b"")
@@ -51,7 +60,20 @@ def make_edge_tree(root: Path, *, chunk_size: int) -> None:
     (names / ("d" * 255)).mkdir()
     _write(names / ("d" * 255) / ("f" * 255), b"255 inside 255\n")
     _write(names / "ünïcødé-名前.txt", "unicode ✓\n".encode())
-    for odd in ("with space", "new\nline", "tab\tname", "a", "A", "a.b", "a-b", "a0", "_", "~", "-dash", "#hash"):
+    for odd in (
+        "with space",
+        "new\nline",
+        "tab\tname",
+        "a",
+        "A",
+        "a.b",
+        "a-b",
+        "a0",
+        "_",
+        "~",
+        "-dash",
+        "#hash",
+    ):
         _write(names / odd, odd.encode() * 3)
     # many entries in one directory: binary-search lookups
     many = root / "many"
@@ -90,7 +112,12 @@ def make_edge_tree(root: Path, *, chunk_size: int) -> None:
     # times
     times = root / "times"
     times.mkdir()
-    for label, ns in (("epoch", 0), ("old", -1_000_000_000_123), ("ns", 1_600_000_000_123_456_789), ("future", 4_102_444_800_000_000_000)):
+    for label, ns in (
+        ("epoch", 0),
+        ("old", -1_000_000_000_123),
+        ("ns", 1_600_000_000_123_456_789),
+        ("future", 4_102_444_800_000_000_000),
+    ):
         _write(times / label, label.encode(), mtime_ns=ns)
     _fix_dir_times(b)
 

@@ -40,9 +40,8 @@ overlap and it counts their waits), serving CPU the coarser one (10 ms ticks) fo
 A single codec "meets the budget (predicted)" when the plan's own per-class estimates for that
 codec sum to at most the budget; "(measured)" when the median of its rate over the neighbouring
 raw epochs' reaches 1 / (1 + budget / raw epoch time) (sync, sync-src) or SHARE (prefetch).
-Every mount is unmounted in a `finally` (lazily as a last resort). Results: results/bench_codecs-<host>-<time>.json and
-markdown tables on stdout; progress on stderr.
-"""
+Every mount is unmounted in a `finally` (lazily as a last resort). Results:
+results/bench_codecs-<host>-<time>.json and markdown tables on stdout; progress on stderr."""
 
 from __future__ import annotations
 
@@ -121,7 +120,7 @@ def _mask(rng: np.random.Generator) -> bytes:
     img = np.zeros((size, size), dtype=np.uint8)
     yy, xx = np.mgrid[0:size, 0:size]
     for _ in range(int(rng.integers(2, 6))):
-        cy, cx, r = rng.integers(0, size, 2).tolist() + [int(rng.integers(10, 60))]
+        cy, cx, r = [*rng.integers(0, size, 2).tolist(), int(rng.integers(10, 60))]
         img[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = int(rng.integers(1, 80))
     noise = rng.random((size, size)) < 0.02  # ragged annotation edges
     img[noise] = rng.integers(0, 80, int(noise.sum()))
@@ -140,8 +139,24 @@ WORDS = (
 # float arrays, text (captions, a token shard) and annotation JSON, whose records carry
 # COCO-style segmentation polygons (1-12 objects per image; COCO 2017 averages 7.3; ~4 KB).
 MIXES: dict[str, dict[str, Any]] = {
-    "coco": {"images": 600, "masks": 800, "features": 300, "captions": 800, "ann": 3000, "objects": 4, "polygons": False},
-    "balanced": {"images": 300, "masks": 800, "features": 150, "captions": 3000, "ann": 5000, "objects": 12, "polygons": True},
+    "coco": {
+        "images": 600,
+        "masks": 800,
+        "features": 300,
+        "captions": 800,
+        "ann": 3000,
+        "objects": 4,
+        "polygons": False,
+    },
+    "balanced": {
+        "images": 300,
+        "masks": 800,
+        "features": 150,
+        "captions": 3000,
+        "ann": 5000,
+        "objects": 12,
+        "polygons": True,
+    },
 }
 
 
@@ -248,8 +263,18 @@ def mounted(pack: Path, mnt: Path) -> Iterator[tuple[list[int], Path]]:
     # Demand decoding only: read-ahead and the background fill would decode ahead of the
     # readers and hide the cost this benchmark checks against the plan.
     subprocess.run(
-        [*FANFS, "mount", str(pack), str(mnt), "--log", str(log_path),
-         "--prefetch", "off", "--cache-memory", "0"],
+        [
+            *FANFS,
+            "mount",
+            str(pack),
+            str(mnt),
+            "--log",
+            str(log_path),
+            "--prefetch",
+            "off",
+            "--cache-memory",
+            "0",
+        ],
         check=True,
         timeout=120,
     )
@@ -259,7 +284,9 @@ def mounted(pack: Path, mnt: Path) -> Iterator[tuple[list[int], Path]]:
             time.sleep(0.02)
         yield _serving_pids(mnt), log_path
     finally:
-        result = subprocess.run([*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False)
+        result = subprocess.run(
+            [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
+        )
         if result.returncode != 0 or _mounted(mnt):
             log("umount failed (%s); lazy unmount", result.stderr.decode().strip())
             subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
@@ -289,7 +316,9 @@ def _reader(paths: list[str], timed: bool, start: Any, out: Any) -> None:
     out.put((total, paths if timed else None, times))
 
 
-def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False) -> dict[str, Any]:
+def read_epoch(
+    mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False
+) -> dict[str, Any]:
     """Read every file once with `readers` processes, in a shuffled order, unbuffered.
     Returns seconds, bytes, and with `timed` each file's read time (open to close)."""
     order = list(rels)
@@ -297,7 +326,9 @@ def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int, timed: bool 
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_reader, args=([str(mnt / r) for r in order[i::readers]], timed, start, out))
+        ctx.Process(
+            target=_reader, args=([str(mnt / r) for r in order[i::readers]], timed, start, out)
+        )
         for i in range(readers)
     ]
     for p in procs:
@@ -314,7 +345,9 @@ def read_epoch(mnt: Path, rels: list[str], readers: int, seed: int, timed: bool 
     result: dict[str, Any] = {"seconds": elapsed, "bytes": sum(p[0] for p in parts)}
     if timed:
         prefix = len(str(mnt)) + 1
-        result["file_s"] = {path[prefix:]: t for part in parts for path, t in zip(part[1], part[2], strict=True)}
+        result["file_s"] = {
+            path[prefix:]: t for part in parts for path, t in zip(part[1], part[2], strict=True)
+        }
     return result
 
 
@@ -325,7 +358,9 @@ def warm_pack(pack: Path) -> None:
                 pass
 
 
-def epoch(pack: Path, mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False) -> dict[str, Any]:
+def epoch(
+    pack: Path, mnt: Path, rels: list[str], readers: int, seed: int, timed: bool = False
+) -> dict[str, Any]:
     """One cold epoch through a fresh mount: wall seconds, serving CPU seconds, decode counters."""
     warm_pack(pack)
     with mounted(pack, mnt) as (pids, log_path):
@@ -411,7 +446,9 @@ def budget_args(setting: str, cal: dict[str, Any], args: argparse.Namespace) -> 
     ]  # fmt: skip
 
 
-def calibrate(work: Path, rels: list[str], sizes: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
+def calibrate(
+    work: Path, rels: list[str], sizes: dict[str, int], args: argparse.Namespace
+) -> dict[str, Any]:
     """Epochs of the raw pack: the sync read model (one reader, per-file times) and the raw
     rate of the many-reader load."""
     none_pack, mnt = pack_dir(work, "none"), work / "mnt"
@@ -422,9 +459,19 @@ def calibrate(work: Path, rels: list[str], sizes: dict[str, int], args: argparse
         for rel, t in e["file_s"].items():
             per_file[rel].append(t)
         one.append(len(rels) / e["seconds"])
-        many.append(len(rels) / epoch(none_pack, mnt, rels, args.readers, seed=100 + rnd)["seconds"])
-        log("calibration %d: 1 reader %.0f files/s, %d readers %.0f files/s", rnd, one[-1], args.readers, many[-1])
-    latency, bandwidth = fit_read_model({r: statistics.median(t) for r, t in per_file.items()}, sizes)
+        many.append(
+            len(rels) / epoch(none_pack, mnt, rels, args.readers, seed=100 + rnd)["seconds"]
+        )
+        log(
+            "calibration %d: 1 reader %.0f files/s, %d readers %.0f files/s",
+            rnd,
+            one[-1],
+            args.readers,
+            many[-1],
+        )
+    latency, bandwidth = fit_read_model(
+        {r: statistics.median(t) for r, t in per_file.items()}, sizes
+    )
     cal = {
         "read_latency_s": latency,
         "read_bytes_per_s": bandwidth,
@@ -433,12 +480,20 @@ def calibrate(work: Path, rels: list[str], sizes: dict[str, int], args: argparse
         "rates_one": one,
         "rates_many": many,
     }
-    log("read model %.1f us + size / %.0f MB/s; raw rates %.0f (1 reader), %.0f (%d readers) files/s",
-        latency * 1e6, bandwidth / 1e6, cal["raw_rate_one"], cal["raw_rate_many"], args.readers)
+    log(
+        "read model %.1f us + size / %.0f MB/s; raw rates %.0f (1 reader), %.0f (%d readers) files/s",
+        latency * 1e6,
+        bandwidth / 1e6,
+        cal["raw_rate_one"],
+        cal["raw_rate_many"],
+        args.readers,
+    )
     return cal
 
 
-def build_packs(work: Path, src: Path, cal: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def build_packs(
+    work: Path, src: Path, cal: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
     packs: dict[str, Any] = {}
     for setting in args.settings:
         path = pack_dir(work, "auto-" + setting)
@@ -446,8 +501,14 @@ def build_packs(work: Path, src: Path, cal: dict[str, Any], args: argparse.Names
         plan = recorded_plan(path)
         packs["auto-" + setting] = {"pack_s": seconds, "bytes": pack_bytes(path), "plan": plan}
         codecs = ", ".join("%s=%s" % (r["class"], r["codec"]) for r in plan["classes"])
-        log("auto-%s: %.1f MB in %.1f s (profiling %.1f s): %s", setting,
-            packs["auto-" + setting]["bytes"] / 1e6, seconds, plan["sample"]["seconds"], codecs)
+        log(
+            "auto-%s: %.1f MB in %.1f s (profiling %.1f s): %s",
+            setting,
+            packs["auto-" + setting]["bytes"] / 1e6,
+            seconds,
+            plan["sample"]["seconds"],
+            codecs,
+        )
     for codec in args.codecs.split():
         path = pack_dir(work, codec)
         if codec == "none" and path.exists():
@@ -459,7 +520,9 @@ def build_packs(work: Path, src: Path, cal: dict[str, Any], args: argparse.Names
     return packs
 
 
-def measure(work: Path, rels: list[str], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(
+    work: Path, rels: list[str], names: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """`rounds` rounds. Each visits every (pack, load) once, in an order shuffled per round, and
     reads the raw pack under the same load right before every visit and at the end: each
     epoch is compared with the raw epochs next to it in time, as the machine's load drifts."""
@@ -469,16 +532,25 @@ def measure(work: Path, rels: list[str], names: list[str], args: argparse.Namesp
     for rnd in range(args.rounds):
         visits = [(n, r) for n in names if n != "none" for r in loads]
         random.Random(1000 + rnd).shuffle(visits)
-        sequence = [v for visit in visits for v in (("none", visit[1]), visit)] + [("none", r) for r in loads]
+        sequence = [v for visit in visits for v in (("none", visit[1]), visit)] + [
+            ("none", r) for r in loads
+        ]
         t0 = time.monotonic()
         for name, readers in sequence:
             e = epoch(pack_dir(work, name), mnt, rels, readers, seed=rnd)
             if e["bytes"] != args.total_bytes:
-                raise RuntimeError("%s: read %d bytes, expected %d" % (name, e["bytes"], args.total_bytes))
+                raise RuntimeError(
+                    "%s: read %d bytes, expected %d" % (name, e["bytes"], args.total_bytes)
+                )
             e.update(round=rnd, pack=name, readers=readers, seq=len(epochs))
             epochs.append(e)
-        log("round %d of %d in %.0f s; load average %s", rnd + 1, args.rounds, time.monotonic() - t0,
-            " ".join(open("/proc/loadavg").read().split()[:3]))
+        log(
+            "round %d of %d in %.0f s; load average %s",
+            rnd + 1,
+            args.rounds,
+            time.monotonic() - t0,
+            " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        )
     return epochs
 
 
@@ -488,7 +560,9 @@ def _read_s(e: dict[str, Any]) -> float:
     return ns / 1e9 if ns is not None else math.nan
 
 
-def paired(epochs: list[dict[str, Any]], readers: int) -> dict[str, list[tuple[dict[str, Any], dict[str, float]]]]:
+def paired(
+    epochs: list[dict[str, Any]], readers: int
+) -> dict[str, list[tuple[dict[str, Any], dict[str, float]]]]:
     """Per pack, under the load of `readers`: each epoch with the mean wall, CPU and READ
     service seconds of the raw-pack epochs just before and after it (same load)."""
     seq = sorted((e for e in epochs if e["readers"] == readers), key=lambda e: e["seq"])
@@ -520,7 +594,9 @@ def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse
     names = ["none", *args.per_class.split(",")]
     classes = [row["class"] for row in plan["classes"]]
     known = frozenset(classes)
-    coded = [row["class"] for row in plan["classes"] if any(c["decode_s"] for c in row["candidates"])]
+    coded = [
+        row["class"] for row in plan["classes"] if any(c["decode_s"] for c in row["candidates"])
+    ]
     from fanfs.optimizer import class_of
 
     members = {c: [r for r in rels if class_of(r.encode(), known) == c] for c in classes}
@@ -541,11 +617,17 @@ def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse
                                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                             finally:
                                 os.close(fd)
-                read_s.setdefault((cls, name), []).append(_mount_stats(log_path)["read_ns"] / 1e9 / passes)
+                read_s.setdefault((cls, name), []).append(
+                    _mount_stats(log_path)["read_ns"] / 1e9 / passes
+                )
         log("per-class round %d of %d", rnd + 1, args.rounds)
-    print("\n### Cost model per class: decode per epoch through the mount (READ time over the raw pack's) "
-          "against the plan's estimate\n")
-    print("| class | files | pack | codec there | estimated s | measured s | measured / estimated |")
+    print(
+        "\n### Cost model per class: decode per epoch through the mount (READ time over the raw pack's) "
+        "against the plan's estimate\n"
+    )
+    print(
+        "| class | files | pack | codec there | estimated s | measured s | measured / estimated |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in plan["classes"]:
         cls = row["class"]
@@ -553,12 +635,19 @@ def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse
             continue
         base = statistics.median(read_s[(cls, "none")])
         for name in names[1:]:
-            codec = packs[name]["plan"]["classes"][classes.index(cls)]["codec"] if name.startswith("auto-") else name
+            codec = (
+                packs[name]["plan"]["classes"][classes.index(cls)]["codec"]
+                if name.startswith("auto-")
+                else name
+            )
             est = next((c["decode_s"] for c in row["candidates"] if c["codec"] == codec), None)
             got = statistics.median(read_s[(cls, name)]) - base
             if not est:
                 continue
-            print("| %s | %d | %s | %s | %.4f | %.4f | %.2f |" % (cls, row["files"], name, codec, est, got, got / est))
+            print(
+                "| %s | %d | %s | %s | %.4f | %.4f | %.2f |"
+                % (cls, row["files"], name, codec, est, got, got / est)
+            )
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -578,8 +667,10 @@ def summarise(setting: str, res: dict[str, Any], args: argparse.Namespace) -> di
     raw_rate = n / statistics.median(raw_s)
     # In SINGLE's order (a results file's packs come back sorted by name).
     rank = {name: i for i, name in enumerate(SINGLE)}
-    single_names = sorted((p for p in res["packs"] if p != "none" and not p.startswith("auto-")),
-                          key=lambda p: (rank.get(p, len(rank)), p))
+    single_names = sorted(
+        (p for p in res["packs"] if p != "none" and not p.startswith("auto-")),
+        key=lambda p: (rank.get(p, len(rank)), p),
+    )
     names = ["none", "auto-" + setting, *single_names]
     names += sorted(p for p in res["packs"] if p.startswith("auto-") and p != "auto-" + setting)
     threshold = args.target_share if setting == "prefetch" else 1 / (1 + budget * raw_rate / n)
@@ -630,7 +721,9 @@ def summarise(setting: str, res: dict[str, Any], args: argparse.Namespace) -> di
     auto = next(r for r in rows if r["pack"] == "auto-" + setting)
     singles = [r for r in rows if not r["pack"].startswith("auto-")]
     best_pred = min((r for r in singles if r["meets_predicted"]), key=lambda r: r["bytes"])
-    best_meas = min((r for r in singles if r["measured"] and r["meets_measured"]), key=lambda r: r["bytes"])
+    best_meas = min(
+        (r for r in singles if r["measured"] and r["meets_measured"]), key=lambda r: r["bytes"]
+    )
     return {
         "setting": setting,
         "readers": readers,
@@ -659,13 +752,20 @@ def print_summary(s: dict[str, Any], res: dict[str, Any], args: argparse.Namespa
         "sync-src": "sync, --max-overhead %s, read model fitted on SRC (the planner's default)"
         % args.max_overhead,
         "prefetch": "prefetch, --target-rate %.0f files/s (%.2f x raw), --decode-cores %.2f"
-        % (args.target_share * res["calibration"]["raw_rate_many"], args.target_share,
-           res["cores"] * (1 - args.target_share)),
+        % (
+            args.target_share * res["calibration"]["raw_rate_many"],
+            args.target_share,
+            res["cores"] * (1 - args.target_share),
+        ),
     }[s["setting"]]
-    print("\n### %s: %s; %d reader(s); budget %.4f s of one-thread decode per epoch\n" % (
-        s["setting"], what, s["readers"], s["budget_s"]))
-    print("| pack | size MB | ratio | pack s | predicted decode s | measured decode s (serving CPU / READ time) "
-          "| files/s | vs raw (median [min, max]) | predicted vs raw | meets budget (predicted / measured) |")
+    print(
+        "\n### %s: %s; %d reader(s); budget %.4f s of one-thread decode per epoch\n"
+        % (s["setting"], what, s["readers"], s["budget_s"])
+    )
+    print(
+        "| pack | size MB | ratio | pack s | predicted decode s | measured decode s (serving CPU / READ time) "
+        "| files/s | vs raw (median [min, max]) | predicted vs raw | meets budget (predicted / measured) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in s["rows"]:
         measured = (
@@ -674,28 +774,48 @@ def print_summary(s: dict[str, Any], res: dict[str, Any], args: argparse.Namespa
                 max(r["ratios"]))
             if r["measured"] else "- | - | -"
         )  # fmt: skip
-        print("| %s | %.1f | %.2fx | %.1f | %s | %s | %s | %s / %s |" % (
-            "**%s**" % r["pack"] if r["pack"] == "auto-" + s["setting"] else r["pack"],
-            r["bytes"] / 1e6, res["bytes"] / r["bytes"], r["pack_s"],
-            "%.4f" % r["predicted_decode_s"] if r["predicted_decode_s"] is not None else "-",
-            measured,
-            "%.3f" % r["predicted_ratio"] if r["predicted_ratio"] is not None else "-",
-            "yes" if r["meets_predicted"] else "no",
-            ("yes" if r["meets_measured"] else "no") if r["measured"] else "-"))
+        print(
+            "| %s | %.1f | %.2fx | %.1f | %s | %s | %s | %s / %s |"
+            % (
+                "**%s**" % r["pack"] if r["pack"] == "auto-" + s["setting"] else r["pack"],
+                r["bytes"] / 1e6,
+                res["bytes"] / r["bytes"],
+                r["pack_s"],
+                "%.4f" % r["predicted_decode_s"] if r["predicted_decode_s"] is not None else "-",
+                measured,
+                "%.3f" % r["predicted_ratio"] if r["predicted_ratio"] is not None else "-",
+                "yes" if r["meets_predicted"] else "no",
+                ("yes" if r["meets_measured"] else "no") if r["measured"] else "-",
+            )
+        )
     raw = s["raw_rates"]
     auto = next(r for r in s["rows"] if r["pack"] == "auto-" + s["setting"])
     print()
     q1, _, q3 = statistics.quantiles(raw, n=4) if len(raw) > 1 else (raw[0], 0, raw[0])
-    print("raw pack: %d epochs, median %.0f files/s, quartiles %.0f-%.0f, range %.0f-%.0f; needed vs raw: %.3f" % (
-        len(raw), s["raw_rate"], q1, q3, min(raw), max(raw), s["threshold_ratio"]))
-    print("best single codec within the budget (predicted): %s; auto %.1f%% smaller" % (
-        s["best_single_predicted"], s["auto_smaller_pct"]))
-    print("best single codec within the budget (measured): %s; auto %.1f%% smaller" % (
-        s["best_single_measured"], s["auto_smaller_than_measured_best_pct"]))
-    print("auto: measured %.3f of raw, predicted %.3f (measured/predicted %.2f); decode measured %.4f s "
-          "(serving CPU) / %.4f s (READ time), predicted %.4f s" % (
-              auto["ratio"], auto["predicted_ratio"], s["auto_rate_vs_predicted"], auto["measured_decode_cpu_s"],
-              auto["measured_decode_read_s"], auto["predicted_decode_s"]))
+    print(
+        "raw pack: %d epochs, median %.0f files/s, quartiles %.0f-%.0f, range %.0f-%.0f; needed vs raw: %.3f"
+        % (len(raw), s["raw_rate"], q1, q3, min(raw), max(raw), s["threshold_ratio"])
+    )
+    print(
+        "best single codec within the budget (predicted): %s; auto %.1f%% smaller"
+        % (s["best_single_predicted"], s["auto_smaller_pct"])
+    )
+    print(
+        "best single codec within the budget (measured): %s; auto %.1f%% smaller"
+        % (s["best_single_measured"], s["auto_smaller_than_measured_best_pct"])
+    )
+    print(
+        "auto: measured %.3f of raw, predicted %.3f (measured/predicted %.2f); decode measured %.4f s "
+        "(serving CPU) / %.4f s (READ time), predicted %.4f s"
+        % (
+            auto["ratio"],
+            auto["predicted_ratio"],
+            s["auto_rate_vs_predicted"],
+            auto["measured_decode_cpu_s"],
+            auto["measured_decode_read_s"],
+            auto["predicted_decode_s"],
+        )
+    )
 
 
 def sweep(plan: dict[str, Any], budgets: list[float]) -> list[dict[str, Any]]:
@@ -714,7 +834,9 @@ def sweep(plan: dict[str, Any], budgets: list[float]) -> list[dict[str, Any]]:
     out = []
     for budget in budgets:
         sel = select(profiles, Objective("sync", budget))
-        size, name = min((est[0], c) for c, est in singles.items() if est and est[1] <= budget * (1 + 1e-4))
+        size, name = min(
+            (est[0], c) for c, est in singles.items() if est and est[1] <= budget * (1 + 1e-4)
+        )
         out.append({
             "budget_s": budget,
             "auto_bytes": sel.stored_bytes,
@@ -734,7 +856,9 @@ def _small_text(row: dict[str, Any]) -> bool:
     return small and any(c["projected_bytes"] < row["bytes"] for c in row["candidates"])
 
 
-def sensitivity(plan: dict[str, Any], scales: tuple[int, ...] = (1, 3, 10, 30)) -> list[dict[str, Any]]:
+def sensitivity(
+    plan: dict[str, Any], scales: tuple[int, ...] = (1, 3, 10, 30)
+) -> list[dict[str, Any]]:
     """Model only: the small-object classes scaled k-fold (files, bytes, estimates), and the
     largest gain of auto over the best single codec at any budget."""
     out = []
@@ -748,7 +872,9 @@ def sensitivity(plan: dict[str, Any], scales: tuple[int, ...] = (1, 3, 10, 30)) 
         ]  # fmt: skip
         scaled = dict(plan, classes=rows)
         total = sum(r["bytes"] for r in rows)
-        top = max(sweep(scaled, np.geomspace(0.0005, 2.0, 120).tolist()), key=lambda r: r["gain_pct"])
+        top = max(
+            sweep(scaled, np.geomspace(0.0005, 2.0, 120).tolist()), key=lambda r: r["gain_pct"]
+        )
         out.append({
             "scale": k,
             "small_share": sum(r["bytes"] for r in rows if _small_text(r)) / total,
@@ -763,40 +889,77 @@ def print_sweep(res: dict[str, Any]) -> None:
     marks = {round(res["packs"]["auto-" + s]["plan"]["budget_s"], 6): s for s in res["settings"]}
     marks.setdefault(round(res["default_plan"]["budget_s"], 6), "planner default")
     print("\n### Model only: auto against the best single codec over a range of budgets\n")
-    print("From the per-class estimates of the %s plan; single codecs whose estimated decode fits."
-          % res["sweep_from"])
+    print(
+        "From the per-class estimates of the %s plan; single codecs whose estimated decode fits."
+        % res["sweep_from"]
+    )
     print()
     print("| decode budget s/epoch | setting | auto MB | best single | its MB | auto smaller by |")
     print("|---|---|---|---|---|---|")
     for row in res["sweep"]:
-        print("| %.4f | %s | %.1f | %s | %.1f | %.1f%% |" % (
-            row["budget_s"], marks.get(round(row["budget_s"], 6), ""), row["auto_bytes"] / 1e6,
-            row["best_single"], row["best_single_bytes"] / 1e6, row["gain_pct"]))
+        print(
+            "| %.4f | %s | %.1f | %s | %.1f | %.1f%% |"
+            % (
+                row["budget_s"],
+                marks.get(round(row["budget_s"], 6), ""),
+                row["auto_bytes"] / 1e6,
+                row["best_single"],
+                row["best_single_bytes"] / 1e6,
+                row["gain_pct"],
+            )
+        )
     best = max(res["sweep"], key=lambda r: r["gain_pct"])
-    print("\nlargest gain %.1f%% at %.4f s (auto %s)" % (
-        best["gain_pct"], best["budget_s"], ", ".join("%s=%s" % kv for kv in best["auto_codecs"].items())))
-    print("\nSensitivity (model only): the classes of small compressible files (%s) scaled k-fold; the largest "
-          "gain of auto over the best single codec at any budget:\n" % ", ".join(
-              r["class"] for r in res["packs"]["auto-" + res["sweep_from"]]["plan"]["classes"] if _small_text(r)))
+    print(
+        "\nlargest gain %.1f%% at %.4f s (auto %s)"
+        % (
+            best["gain_pct"],
+            best["budget_s"],
+            ", ".join("%s=%s" % kv for kv in best["auto_codecs"].items()),
+        )
+    )
+    print(
+        "\nSensitivity (model only): the classes of small compressible files (%s) scaled k-fold; the largest "
+        "gain of auto over the best single codec at any budget:\n"
+        % ", ".join(
+            r["class"]
+            for r in res["packs"]["auto-" + res["sweep_from"]]["plan"]["classes"]
+            if _small_text(r)
+        )
+    )
     print("| k | their share of the bytes | largest gain | at budget s | best single there |")
     print("|---|---|---|---|---|")
     for row in res["sensitivity"]:
-        print("| %d | %.1f%% | %.1f%% | %.4f | %s |" % (
-            row["scale"], 100 * row["small_share"], row["max_gain_pct"], row["at_budget_s"], row["best_single"]))
+        print(
+            "| %d | %.1f%% | %.1f%% | %.4f | %s |"
+            % (
+                row["scale"],
+                100 * row["small_share"],
+                row["max_gain_pct"],
+                row["at_budget_s"],
+                row["best_single"],
+            )
+        )
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     """The tables (stdout) and the summaries, sweep and sensitivity (into `res`)."""
-    print("## bench_codecs: %d files, %.1f MB, %d cores, %d rounds" % (res["files"], res["bytes"] / 1e6,
-                                                                      res["cores"], res["rounds"]))
+    print(
+        "## bench_codecs: %d files, %.1f MB, %d cores, %d rounds"
+        % (res["files"], res["bytes"] / 1e6, res["cores"], res["rounds"])
+    )
     res["summaries"] = {}
     for setting in res["settings"]:
         res["summaries"][setting] = summarise(setting, res, args)
         print_summary(res["summaries"][setting], res, args)
     res["sweep_from"] = res["settings"][0]
     ref = res["packs"]["auto-" + res["sweep_from"]]["plan"]
-    budgets = sorted({*np.geomspace(0.001, 0.4, 22).tolist(), res["default_plan"]["budget_s"],
-                      *(res["packs"]["auto-" + s]["plan"]["budget_s"] for s in res["settings"])})
+    budgets = sorted(
+        {
+            *np.geomspace(0.001, 0.4, 22).tolist(),
+            res["default_plan"]["budget_s"],
+            *(res["packs"]["auto-" + s]["plan"]["budget_s"] for s in res["settings"]),
+        }
+    )
     res["sweep"] = sweep(ref, budgets)
     res["sensitivity"] = sensitivity(ref)
     print_sweep(res)
@@ -804,31 +967,66 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", default=None,
-                        help="packs, mounts and the dataset (default /tmp/fanfs-bench-codecs[-MIX])")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)")
+    parser.add_argument(
+        "--workdir",
+        default=None,
+        help="packs, mounts and the dataset (default /tmp/fanfs-bench-codecs[-MIX])",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)"
+    )
     parser.add_argument("--calibrate-rounds", type=int, default=3)
-    parser.add_argument("--readers", type=int, default=4, help="reader processes of the prefetch load (default 4)")
-    parser.add_argument("--settings", default="sync,prefetch",
-                        help="budgets to plan and check: sync, prefetch, sync-src (default sync,prefetch)")
+    parser.add_argument(
+        "--readers", type=int, default=4, help="reader processes of the prefetch load (default 4)"
+    )
+    parser.add_argument(
+        "--settings",
+        default="sync,prefetch",
+        help="budgets to plan and check: sync, prefetch, sync-src (default sync,prefetch)",
+    )
     parser.add_argument("--max-overhead", default="5%", help="sync budget (default 5%%)")
-    parser.add_argument("--target-share", type=float, default=0.95,
-                        help="prefetch: the job must get this share of the raw pack's rate (default 0.95)")
+    parser.add_argument(
+        "--target-share",
+        type=float,
+        default=0.95,
+        help="prefetch: the job must get this share of the raw pack's rate (default 0.95)",
+    )
     parser.add_argument("--codecs", default=" ".join(SINGLE))
-    parser.add_argument("--time-budget", default="30", help="the planner's --time-budget (default 30)")
+    parser.add_argument(
+        "--time-budget", default="30", help="the planner's --time-budget (default 30)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="dataset seed (default 1)")
-    parser.add_argument("--mix", choices=sorted(MIXES), default="coco",
-                        help="the dataset's mix of kinds (default coco; see MIXES)")
+    parser.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default="coco",
+        help="the dataset's mix of kinds (default coco; see MIXES)",
+    )
     parser.add_argument("--plan-seed", type=int, default=0, help="the planner's --seed (default 0)")
-    parser.add_argument("--packs", default=None, metavar="LIST",
-                        help="measure only these single-codec packs (commas) besides none and the auto packs")
-    parser.add_argument("--report", default=None, metavar="RESULTS",
-                        help="print the tables again from a results JSON of an earlier run; measure nothing")
-    parser.add_argument("--per-class", default=None, metavar="PACKS",
-                        help="with --measure-only: check the cost model class by class on these packs "
-                        "(e.g. lz4,zstd:19,auto-sync) instead of the epoch measurements")
-    parser.add_argument("--measure-only", action="store_true",
-                        help="reuse the packs and calibration in --workdir (packs.json); measure again")
+    parser.add_argument(
+        "--packs",
+        default=None,
+        metavar="LIST",
+        help="measure only these single-codec packs (commas) besides none and the auto packs",
+    )
+    parser.add_argument(
+        "--report",
+        default=None,
+        metavar="RESULTS",
+        help="print the tables again from a results JSON of an earlier run; measure nothing",
+    )
+    parser.add_argument(
+        "--per-class",
+        default=None,
+        metavar="PACKS",
+        help="with --measure-only: check the cost model class by class on these packs "
+        "(e.g. lz4,zstd:19,auto-sync) instead of the epoch measurements",
+    )
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="reuse the packs and calibration in --workdir (packs.json); measure again",
+    )
     args = parser.parse_args()
     args.settings = args.settings.split(",")
     if args.report:
@@ -839,11 +1037,16 @@ def main() -> int:
         return 0
     if not set(args.settings) <= {"sync", "prefetch", "sync-src"}:
         parser.error("--settings: sync, prefetch, sync-src")
-    work = Path(args.workdir or "/tmp/fanfs-bench-codecs" + ("" if args.mix == "coco" else "-" + args.mix))
+    work = Path(
+        args.workdir or "/tmp/fanfs-bench-codecs" + ("" if args.mix == "coco" else "-" + args.mix)
+    )
     src = work / "src"
     marker = work / "mix"
     if marker.exists() and marker.read_text() != args.mix:
-        parser.error("%s holds the %r mix, not %r: choose another --workdir" % (work, marker.read_text(), args.mix))
+        parser.error(
+            "%s holds the %r mix, not %r: choose another --workdir"
+            % (work, marker.read_text(), args.mix)
+        )
     if not src.exists():
         log("generating the dataset in %s", src)
         make_dataset(src, args.seed, args.mix)
@@ -866,7 +1069,9 @@ def main() -> int:
             [*FANFS, "plan", "--json", str(src), "--time-budget", args.time_budget, "--seed", str(args.plan_seed)],
             capture_output=True, text=True, check=True).stdout)  # fmt: skip
         packs = build_packs(work, src, cal, args)
-        state.write_text(json.dumps({"calibration": cal, "packs": packs, "default_plan": default_plan}))
+        state.write_text(
+            json.dumps({"calibration": cal, "packs": packs, "default_plan": default_plan})
+        )
     if args.per_class:
         per_class(work, rels, packs, args)
         return 0

@@ -93,7 +93,9 @@ def cluster_mount(config: Any, pyfuse3: Any) -> int:
     try:
         check_mountpoint(config.mountpoint)
         if not config.cache_dir:
-            raise MountSetupError("cluster mode needs --cache-dir (node-local storage for this node's share)")
+            raise MountSetupError(
+                "cluster mode needs --cache-dir (node-local storage for this node's share)"
+            )
         os.makedirs(config.cache_dir, mode=0o700, exist_ok=True)
         check_writable_by_owner_only(config.cache_dir, "--cache-dir")
     except FanfsError as exc:
@@ -101,8 +103,14 @@ def cluster_mount(config: Any, pyfuse3: Any) -> int:
     except OSError as exc:
         error = MountSetupError("cannot use --cache-dir %s: %s" % (config.cache_dir, exc.strerror))
     _agree(transport, error)
-    staged = stage(transport, pack=config.pack, cache_dir=config.cache_dir or "", replicas=config.replicas,
-                   groups=config.stage_groups, copy=config.stage != "none")
+    staged = stage(
+        transport,
+        pack=config.pack,
+        cache_dir=config.cache_dir or "",
+        replicas=config.replicas,
+        groups=config.stage_groups,
+        copy=config.stage != "none",
+    )
     node = ClusterNode(transport, staged, config)
     try:
         node.reader = PackReader(staged.data_dir, local=staged.local)

@@ -9,6 +9,7 @@ decoded by the caller.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -76,10 +77,8 @@ class RemoteSource:
     def deliver(self, req_id: int, ok: bool, payload: Any) -> None:
         """MPI thread: hand a response to the trio thread without blocking."""
         if self._token is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._complete, req_id, ok, payload)
-            except trio.RunFinishedError:
-                pass
 
     def _complete(self, req_id: int, ok: bool, payload: Any) -> None:
         pending = self._pending.pop(req_id, None)
@@ -111,7 +110,9 @@ class RemoteSource:
             if data is not None:
                 return data
         self.shared.counters[sh.PACK_FALLBACKS] += 1
-        return await trio.to_thread.run_sync(self._read_pack, partition, offset, length, limiter=self._limiter)
+        return await trio.to_thread.run_sync(
+            self._read_pack, partition, offset, length, limiter=self._limiter
+        )
 
     async def _ask(self, dest: int, partition: int, offset: int, length: int) -> bytes | None:
         req_id = next(self._ids)
@@ -139,8 +140,12 @@ class RemoteSource:
             return  # another request of the same outage timed out: back off once per outage
         backoff = self._backoff.get(dest)
         if backoff is None:
-            log.warning("rank %d did not answer within %.1fs: marked down, reading around it "
-                        "(replicas, then the pack)", dest, self.timeout_s)
+            log.warning(
+                "rank %d did not answer within %.1fs: marked down, reading around it "
+                "(replicas, then the pack)",
+                dest,
+                self.timeout_s,
+            )
             backoff = BACKOFF_MIN_S
         else:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -162,9 +167,13 @@ class RemoteSource:
                     fd = self._pack_fds[partition] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             data = os.pread(fd, length, offset)
         except OSError as exc:
-            raise RemoteReadError("no owner answered and the pack cannot be read: %s" % exc) from exc
+            raise RemoteReadError(
+                "no owner answered and the pack cannot be read: %s" % exc
+            ) from exc
         if len(data) != length:
-            raise RemoteReadError("no owner answered and the pack is truncated (partition %d)" % partition)
+            raise RemoteReadError(
+                "no owner answered and the pack is truncated (partition %d)" % partition
+            )
         return data
 
     def peers_down(self) -> list[int]:

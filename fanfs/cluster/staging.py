@@ -21,7 +21,13 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size
 from fanfs.cluster.topology import place, stage_rounds
 from fanfs.errors import ClusterInitError, FanfsError, PackFormatError
-from fanfs.format.layout import INDEX_NAME, MANIFEST_NAME, open_pack_file, partition_name, read_manifest
+from fanfs.format.layout import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    open_pack_file,
+    partition_name,
+    read_manifest,
+)
 from fanfs.format.reader import PackReader
 from fanfs.runtime import create_new, private_dir, write_atomic
 
@@ -44,7 +50,9 @@ class StageResult:
 
 def _agree(transport: Any, error: FanfsError | None) -> None:
     """Collective: if any rank failed, every rank raises the first failure."""
-    errors = transport.gather(None if error is None else (type(error).__name__, error.exit_code, str(error)))
+    errors = transport.gather(
+        None if error is None else (type(error).__name__, error.exit_code, str(error))
+    )
     verdict = transport.bcast(next((e for e in errors if e), None) if errors is not None else None)
     if verdict is not None:
         if error is not None:
@@ -103,12 +111,17 @@ def _is_staged(path: str, part: dict[str, Any]) -> bool:
         return False
 
 
-def _copy_partition(pack: str, stage_dir: str, number: int, part: dict[str, Any], progress: Progress) -> int:
+def _copy_partition(
+    pack: str, stage_dir: str, number: int, part: dict[str, Any], progress: Progress
+) -> int:
     """Copy one partition with large sequential reads, verifying its crc32; returns bytes read."""
     name = partition_name(number)
     dst = os.path.join(stage_dir, name)
     crc, copied = 0, 0
-    with os.fdopen(open_pack_file(pack, name, "partition " + name), "rb", buffering=0) as fin, os.fdopen(create_new(dst + ".tmp"), "wb") as fout:
+    with (
+        os.fdopen(open_pack_file(pack, name, "partition " + name), "rb", buffering=0) as fin,
+        os.fdopen(create_new(dst + ".tmp"), "wb") as fout,
+    ):
         while piece := fin.read(COPY_PIECE):
             crc = zlib.crc32(piece, crc)
             fout.write(piece)
@@ -122,13 +135,17 @@ def _copy_partition(pack: str, stage_dir: str, number: int, part: dict[str, Any]
     return copied
 
 
-def stage(transport: Any, *, pack: str, cache_dir: str, replicas: int, groups: int, copy: bool) -> StageResult:
+def stage(
+    transport: Any, *, pack: str, cache_dir: str, replicas: int, groups: int, copy: bool
+) -> StageResult:
     """Collective: every rank calls it. Returns where this rank's pack data is."""
     start = time.monotonic()
     stage_dir, _ = _share_head(transport, pack, cache_dir)
     manifest = read_manifest(stage_dir)
     parts = manifest["partitions"]
-    owners = place([p["size"] for p in parts], [p["broadcast"] for p in parts], transport.size, replicas)
+    owners = place(
+        [p["size"] for p in parts], [p["broadcast"] for p in parts], transport.size, replicas
+    )
     local = {n for n, ranks in enumerate(owners) if transport.rank in ranks}
     if not copy:  # --stage none: the pack is on local disk already; serve it in place
         return StageResult(pack, set(range(len(parts))), owners)
@@ -136,28 +153,52 @@ def stage(transport: Any, *, pack: str, cache_dir: str, replicas: int, groups: i
     _stage_regular(transport, pack, stage_dir, parts, result, groups)
     _stage_broadcast(transport, pack, stage_dir, parts, result)
     result.stage_s = time.monotonic() - start
-    result.report = transport.gather({"rank": transport.rank, "bytes": result.shared_fs_bytes,
-                                      "seconds": round(result.stage_s, 3), "reused": result.reused}) or []
+    result.report = (
+        transport.gather(
+            {
+                "rank": transport.rank,
+                "bytes": result.shared_fs_bytes,
+                "seconds": round(result.stage_s, 3),
+                "reused": result.reused,
+            }
+        )
+        or []
+    )
     if transport.rank == 0:
         for row in result.report:
-            log.info("staged rank %d: %s read from the pack in %.1fs (%d partitions reused)",
-                     row["rank"], format_size(row["bytes"]), row["seconds"], row["reused"])
+            log.info(
+                "staged rank %d: %s read from the pack in %.1fs (%d partitions reused)",
+                row["rank"],
+                format_size(row["bytes"]),
+                row["seconds"],
+                row["reused"],
+            )
     return result
 
 
-def _stage_regular(transport: Any, pack: str, stage_dir: str, parts: list[dict[str, Any]],
-                   result: StageResult, groups: int) -> None:
+def _stage_regular(
+    transport: Any,
+    pack: str,
+    stage_dir: str,
+    parts: list[dict[str, Any]],
+    result: StageResult,
+    groups: int,
+) -> None:
     mine = [n for n in sorted(result.local) if not parts[n]["broadcast"] and parts[n]["size"]]
     todo = [n for n in mine if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])]
     result.reused = len(mine) - len(todo)
     total = sum(parts[n]["size"] for n in todo)
-    progress = Progress(total, len(todo), enabled=transport.rank == 0 and os.isatty(2), label="staging")
+    progress = Progress(
+        total, len(todo), enabled=transport.rank == 0 and os.isatty(2), label="staging"
+    )
     for round_ranks in stage_rounds(transport.size, groups):
         error = None
         if transport.rank in round_ranks:
             try:
                 for n in todo:
-                    result.shared_fs_bytes += _copy_partition(pack, stage_dir, n, parts[n], progress)
+                    result.shared_fs_bytes += _copy_partition(
+                        pack, stage_dir, n, parts[n], progress
+                    )
             except FanfsError as exc:
                 error = exc
             except OSError as exc:
@@ -166,9 +207,13 @@ def _stage_regular(transport: Any, pack: str, stage_dir: str, parts: list[dict[s
     progress.close()
 
 
-def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict[str, Any]], result: StageResult) -> None:
+def _stage_broadcast(
+    transport: Any, pack: str, stage_dir: str, parts: list[dict[str, Any]], result: StageResult
+) -> None:
     wanted = [n for n, p in enumerate(parts) if p["broadcast"] and p["size"]]
-    missing = [n for n in wanted if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])]
+    missing = [
+        n for n in wanted if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])
+    ]
     needed = transport.gather(missing)
     todo = sorted(set().union(*needed)) if needed is not None else None
     todo = transport.bcast(todo)
@@ -180,7 +225,10 @@ def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict
                 data = _read_pack_file(pack, partition_name(n))
                 result.shared_fs_bytes += len(data)
                 if len(data) != part["size"] or zlib.crc32(data) != part["crc32"]:
-                    raise PackFormatError("%s: partition %s is corrupt or truncated in the pack" % (pack, partition_name(n)))
+                    raise PackFormatError(
+                        "%s: partition %s is corrupt or truncated in the pack"
+                        % (pack, partition_name(n))
+                    )
             except FanfsError as exc:
                 error = exc
             except OSError as exc:
@@ -190,4 +238,3 @@ def _stage_broadcast(transport: Any, pack: str, stage_dir: str, parts: list[dict
         dst = os.path.join(stage_dir, partition_name(n))
         write_atomic(dst, data)
         write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % part["crc32"]).encode())
-

@@ -35,7 +35,9 @@ def detect_launch(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | 
     return None
 
 
-def place(sizes: Sequence[int], broadcast: Sequence[bool], ranks: int, replicas: int = 1) -> list[tuple[int, ...]]:
+def place(
+    sizes: Sequence[int], broadcast: Sequence[bool], ranks: int, replicas: int = 1
+) -> list[tuple[int, ...]]:
     """Owners of every partition: broadcast partitions live on every rank; each regular one
     on `min(replicas, ranks)` distinct ranks, chosen largest partition first onto the least
     loaded ranks (LPT), ties to the lower rank. A pure function of its arguments."""

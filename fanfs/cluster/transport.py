@@ -59,7 +59,9 @@ class Transport:
 
     def __init__(self, coalesce_window_s: float) -> None:
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-            raise ClusterInitError("the MPI library gives no thread support (need MPI_THREAD_SERIALIZED)")
+            raise ClusterInitError(
+                "the MPI library gives no thread support (need MPI_THREAD_SERIALIZED)"
+            )
         self.comm = MPI.COMM_WORLD
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank: int = self.comm.Get_rank()
@@ -94,7 +96,9 @@ class Transport:
     # -- the MPI thread ---------------------------------------------------------------------
 
     def start(self, serve: Serve, deliver: Deliver) -> None:
-        self._thread = threading.Thread(target=self._run, args=(serve, deliver), name="fanfs-mpi", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(serve, deliver), name="fanfs-mpi", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -168,7 +172,9 @@ class Transport:
             recvs.append((status.Get_source(), status.Get_tag(), message.irecv()))
             found = True
 
-    def _finish_receives(self, recvs: list[tuple[int, int, Any]], sends: list[Any], serve: Serve, deliver: Deliver) -> bool:
+    def _finish_receives(
+        self, recvs: list[tuple[int, int, Any]], sends: list[Any], serve: Serve, deliver: Deliver
+    ) -> bool:
         done = False
         for item in list(recvs):
             source, tag, request = item
@@ -195,7 +201,13 @@ class Transport:
                 replies.append((req_id, True, data))
                 self.counters["bytes_served"] += len(data)
             except (OSError, KeyError, ValueError) as exc:
-                replies.append((req_id, False, "rank %d cannot serve partition %d: %s" % (self.rank, partition, exc)))
+                replies.append(
+                    (
+                        req_id,
+                        False,
+                        "rank %d cannot serve partition %d: %s" % (self.rank, partition, exc),
+                    )
+                )
         self.counters["requests_served"] += len(batch)
         try:
             return self.comm.isend(replies, dest=source, tag=TAG_RESPONSE)

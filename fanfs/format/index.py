@@ -29,8 +29,8 @@ from fanfs.format.layout import (
     CHUNK_COLUMNS,
     COLUMN_ALIGN,
     DICTS_COLUMN,
-    FORMAT_VERSION,
     ENTRY_COLUMNS,
+    FORMAT_VERSION,
     INDEX_NAME,
     NAMES_COLUMN,
     open_pack_file,
@@ -53,7 +53,8 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
         size = os.fstat(fd).st_size
         if size != meta["size"]:
             raise PackFormatError(
-                "%s: index is %d bytes, manifest says %d (truncated pack?)" % (pack_dir, size, meta["size"])
+                "%s: index is %d bytes, manifest says %d (truncated pack?)"
+                % (pack_dir, size, meta["size"])
             )
         available = available_memory()
         if available and size > available // 2:
@@ -70,7 +71,9 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
             while done < size:
                 got = os.preadv(fd, [view[done:]], done)
                 if got <= 0:
-                    raise PackFormatError("%s: index shrank while being read (truncated pack?)" % pack_dir)
+                    raise PackFormatError(
+                        "%s: index shrank while being read (truncated pack?)" % pack_dir
+                    )
                 done += got
         finally:
             view.release()

@@ -112,10 +112,14 @@ def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
     messages (default: its name)."""
     what = what or name
     try:
-        fd = os.open(os.path.join(pack_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(
+            os.path.join(pack_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        )
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise PackFormatError("%s: %s is a symlink (pack files must be regular files)" % (pack_dir, what)) from exc
+            raise PackFormatError(
+                "%s: %s is a symlink (pack files must be regular files)" % (pack_dir, what)
+            ) from exc
         raise PackFormatError("%s: cannot open %s: %s" % (pack_dir, what, exc.strerror)) from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -156,14 +160,19 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
     if len(body) != length or zlib.crc32(body) != crc:
         raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
     if body.count(b"{") + body.count(b"[") > MAX_MANIFEST_CONTAINERS:
-        raise PackFormatError("%s: manifest has more than %d JSON objects and arrays" % (pack_dir, MAX_MANIFEST_CONTAINERS))
+        raise PackFormatError(
+            "%s: manifest has more than %d JSON objects and arrays"
+            % (pack_dir, MAX_MANIFEST_CONTAINERS)
+        )
     try:
         manifest: dict[str, Any] = json.loads(body)
     except (ValueError, RecursionError) as exc:
         # RecursionError: nesting deeper than the interpreter's stack (a hostile manifest).
         raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
     if not isinstance(manifest, dict) or manifest.get("format_version") != version:
-        raise PackFormatError("%s: manifest does not match its header's format version %d" % (pack_dir, version))
+        raise PackFormatError(
+            "%s: manifest does not match its header's format version %d" % (pack_dir, version)
+        )
     check_manifest(pack_dir, manifest, version)
     return manifest
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import stat
 import zlib
 from collections.abc import Callable, Collection
 from typing import Any, Final
@@ -81,7 +80,9 @@ class PackReader:
         self.local = [local is None or n in local for n in range(len(self.partitions))]
         try:
             for number, part in enumerate(self.partitions):
-                self._fds.append(self._open_partition(number, part["size"]) if self.local[number] else -1)
+                self._fds.append(
+                    self._open_partition(number, part["size"]) if self.local[number] else -1
+                )
         except BaseException:
             self.close()
             raise
@@ -91,7 +92,9 @@ class PackReader:
         start, size = meta["offset"], meta["size"]
         data = blob[start : start + size].tobytes()
         if len(data) != size or zlib.crc32(data) != meta["crc32"]:
-            raise PackFormatError("%s: dictionary %d does not match the index" % (self.path, number))
+            raise PackFormatError(
+                "%s: dictionary %d does not match the index" % (self.path, number)
+            )
         return data
 
     def dictionary(self, dict_id: int) -> bytes | None:
@@ -115,7 +118,8 @@ class PackReader:
         if actual != size:
             os.close(fd)
             raise PackFormatError(
-                "%s: partition %s is %d bytes, manifest says %d (truncated pack?)" % (self.path, name, actual, size)
+                "%s: partition %s is %d bytes, manifest says %d (truncated pack?)"
+                % (self.path, name, actual, size)
             )
         return fd
 
@@ -164,8 +168,15 @@ class PackReader:
 
     def read_range(self, number: int, offset: int, length: int) -> bytes:
         """Bytes of a local partition (serving peers in cluster mode). Blocking."""
-        if not self.local[number] or offset < 0 or length < 0 or offset + length > self.partitions[number]["size"]:
-            raise KeyError("partition %d has no bytes %d..%d here" % (number, offset, offset + length))
+        if (
+            not self.local[number]
+            or offset < 0
+            or length < 0
+            or offset + length > self.partitions[number]["size"]
+        ):
+            raise KeyError(
+                "partition %d has no bytes %d..%d here" % (number, offset, offset + length)
+            )
         view = self._memory[number]
         if view is not None:
             return bytes(view[offset : offset + length])

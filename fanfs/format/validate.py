@@ -70,7 +70,10 @@ class _Schema:
 
     def __init__(self, pack: str, obj: object, where: str) -> None:
         if not isinstance(obj, dict):
-            raise _fail(pack, "manifest field %s is %s, expected an object" % (where or "(top)", _short(obj)))
+            raise _fail(
+                pack,
+                "manifest field %s is %s, expected an object" % (where or "(top)", _short(obj)),
+            )
         self.pack, self.obj, self.where = pack, obj, where
 
     def _name(self, key: str) -> str:
@@ -87,20 +90,28 @@ class _Schema:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise _fail(
                 self.pack,
-                "manifest field %s is %s, expected an integer in %d..%d" % (self._name(key), _short(value), low, high),
+                "manifest field %s is %s, expected an integer in %d..%d"
+                % (self._name(key), _short(value), low, high),
             )
         return value
 
     def str(self, key: str) -> str:
         value = self.get(key)
         if not isinstance(value, str):
-            raise _fail(self.pack, "manifest field %s is %s, expected a string" % (self._name(key), _short(value)))
+            raise _fail(
+                self.pack,
+                "manifest field %s is %s, expected a string" % (self._name(key), _short(value)),
+            )
         return value
 
     def bool(self, key: str) -> bool:
         value = self.get(key)
         if not isinstance(value, bool):
-            raise _fail(self.pack, "manifest field %s is %s, expected true or false" % (self._name(key), _short(value)))
+            raise _fail(
+                self.pack,
+                "manifest field %s is %s, expected true or false"
+                % (self._name(key), _short(value)),
+            )
         return value
 
     def list(self, key: str, high: int) -> list[Any]:
@@ -108,7 +119,8 @@ class _Schema:
         if not isinstance(value, list) or len(value) > high:
             raise _fail(
                 self.pack,
-                "manifest field %s is %s, expected a list of at most %d items" % (self._name(key), _short(value), high),
+                "manifest field %s is %s, expected a list of at most %d items"
+                % (self._name(key), _short(value), high),
             )
         return value
 
@@ -129,7 +141,11 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
     options.int("chunk_size", 0, _MAX_BYTES)
     for number, glob in enumerate(options.list("broadcast", 1 << 16)):
         if not isinstance(glob, str):
-            raise _fail(pack, "manifest field options.broadcast[%d] is %s, expected a string" % (number, _short(glob)))
+            raise _fail(
+                pack,
+                "manifest field options.broadcast[%d] is %s, expected a string"
+                % (number, _short(glob)),
+            )
     totals = top.sub("totals")
     for key in ("files", "dirs", "symlinks", "bytes_in", "bytes_out", "skipped"):
         totals.int(key)
@@ -141,7 +157,11 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
 
     index = top.sub("index")
     if index.str("file") != INDEX_NAME:
-        raise _fail(pack, "manifest field index.file is %s, expected %r" % (_short(index.obj["file"]), INDEX_NAME))
+        raise _fail(
+            pack,
+            "manifest field index.file is %s, expected %r"
+            % (_short(index.obj["file"]), INDEX_NAME),
+        )
     index.int("size")
     index.int("crc32", 0, _U32)
     index.int("entries", 1, _U32)
@@ -149,7 +169,11 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
     expected = index_columns(version)
     columns = index.list("columns", len(expected))
     if len(columns) != len(expected):
-        raise _fail(pack, "manifest field index.columns lists %d columns, expected %d" % (len(columns), len(expected)))
+        raise _fail(
+            pack,
+            "manifest field index.columns lists %d columns, expected %d"
+            % (len(columns), len(expected)),
+        )
     for number, ((name, dtype), raw) in enumerate(zip(expected, columns, strict=True)):
         column = _Schema(pack, raw, "index.columns[%d]" % number)
         if column.str("name") != name or column.str("dtype") != dtype:
@@ -170,7 +194,9 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
         if name != partition_name(number):
             # Never a path: the file of partition N is always part-NNNNN inside the pack.
             raise _fail(
-                pack, "manifest field partitions[%d].file is %s, expected %r" % (number, _short(name), partition_name(number))
+                pack,
+                "manifest field partitions[%d].file is %s, expected %r"
+                % (number, _short(name), partition_name(number)),
             )
         part.int("size")
         part.int("crc32", 0, _U32)
@@ -189,7 +215,9 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
             entry.str("class")
         plan = top.get("plan")
         if plan is not None and not isinstance(plan, dict):
-            raise _fail(pack, "manifest field plan is %s, expected an object or null" % _short(plan))
+            raise _fail(
+                pack, "manifest field plan is %s, expected an object or null" % _short(plan)
+            )
 
 
 def _first_bad(mask: np.ndarray) -> int | None:
@@ -201,8 +229,14 @@ class _IndexCheck:
     """The structural checks of one index (see the module docstring)."""
 
     def __init__(
-        self, pack: str, arrays: Mapping[str, np.ndarray], *, chunk_size: int, partition_sizes: list[int],
-        dictionaries: int, version: int,
+        self,
+        pack: str,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        chunk_size: int,
+        partition_sizes: list[int],
+        dictionaries: int,
+        version: int,
     ) -> None:
         self.pack = pack
         self.a = arrays
@@ -230,14 +264,22 @@ class _IndexCheck:
     def kinds(self) -> None:
         bad = _first_bad(~(self.is_dir | self.is_reg | self.is_lnk))
         if bad is not None:
-            raise self.fail("mode", bad, "= 0o%o is not a directory, regular file or symlink" % self.a["mode"][bad])
+            raise self.fail(
+                "mode",
+                bad,
+                "= 0o%o is not a directory, regular file or symlink" % self.a["mode"][bad],
+            )
         if not self.is_dir[0] or self.a["parent"][0] != 0 or self.a["name_len"][0] != 0:
             raise _fail(self.pack, "index: entry 0 is not a root directory (parent 0, empty name)")
         for column, mask in (("size", self.is_dir), ("count", self.is_lnk)):
             bad = _first_bad(mask & (self.a[column] != 0))
             if bad is not None:
-                raise self.fail(column, bad, "= %d, expected 0 for a %s" % (
-                    self.a[column][bad], "directory" if column == "size" else "symlink"))
+                raise self.fail(
+                    column,
+                    bad,
+                    "= %d, expected 0 for a %s"
+                    % (self.a[column][bad], "directory" if column == "size" else "symlink"),
+                )
 
     def tree(self) -> None:
         """Breadth-first order: parents come first (so the tree has no cycle), and every
@@ -249,14 +291,26 @@ class _IndexCheck:
             bad = _first_bad(parent[rows] >= rows)
             if bad is not None:
                 row = int(rows[bad])
-                raise self.fail("parent", row, "= %d is not an earlier entry (a cycle or a forward reference)" % parent[row])
+                raise self.fail(
+                    "parent",
+                    row,
+                    "= %d is not an earlier entry (a cycle or a forward reference)" % parent[row],
+                )
         if n > 2:
             bad = _first_bad(parent[2:] < parent[1:-1])
             if bad is not None:
-                raise self.fail("parent", bad + 2, "= %d is below the previous entry's parent (not breadth-first)"
-                                % parent[bad + 2])
+                raise self.fail(
+                    "parent",
+                    bad + 2,
+                    "= %d is below the previous entry's parent (not breadth-first)"
+                    % parent[bad + 2],
+                )
         kids = parent[1:]
-        run_starts = np.flatnonzero(np.diff(kids, prepend=np.int64(-1)) != 0) + 1 if n > 1 else np.zeros(0, np.int64)
+        run_starts = (
+            np.flatnonzero(np.diff(kids, prepend=np.int64(-1)) != 0) + 1
+            if n > 1
+            else np.zeros(0, np.int64)
+        )
         owners = parent[run_starts].astype(np.int64)
         lengths = np.diff(np.append(run_starts, n))
         bad = _first_bad(~self.is_dir[owners])
@@ -266,8 +320,12 @@ class _IndexCheck:
         bad = _first_bad((first[owners] != run_starts) | (count[owners] != lengths))
         if bad is not None:
             d = int(owners[bad])
-            raise self.fail("first", d, "= %d, count = %d, but its children are entries %d..%d"
-                            % (first[d], count[d], run_starts[bad], run_starts[bad] + lengths[bad] - 1))
+            raise self.fail(
+                "first",
+                d,
+                "= %d, count = %d, but its children are entries %d..%d"
+                % (first[d], count[d], run_starts[bad], run_starts[bad] + lengths[bad] - 1),
+            )
         claimed = self.is_dir & (count != 0)
         if int(np.count_nonzero(claimed)) != len(owners):
             has_kids = np.zeros(n, dtype=bool)
@@ -292,24 +350,43 @@ class _IndexCheck:
             raise self.fail("name_len", bad, "= %d exceeds 255" % name_len[bad])
         bad = _first_bad(self.is_lnk & ((a["size"] == 0) | (a["size"] > MAX_LINK_TARGET)))
         if bad is not None:
-            raise self.fail("size", bad, "= %d is not a symlink target length (1..%d)" % (a["size"][bad], MAX_LINK_TARGET))
+            raise self.fail(
+                "size",
+                bad,
+                "= %d is not a symlink target length (1..%d)" % (a["size"][bad], MAX_LINK_TARGET),
+            )
         span = name_len.astype(np.uint64) + np.where(self.is_lnk, a["size"], 0).astype(np.uint64)
         ends = np.cumsum(span, dtype=np.uint64)
         starts = ends - span
         bad = _first_bad(name_off != starts)
         if bad is not None:
-            raise self.fail("name_off", bad, "= %d, expected %d (names are stored back to back in entry order)"
-                            % (name_off[bad], starts[bad]))
+            raise self.fail(
+                "name_off",
+                bad,
+                "= %d, expected %d (names are stored back to back in entry order)"
+                % (name_off[bad], starts[bad]),
+            )
         if int(ends[-1]) != len(blob):
-            raise _fail(self.pack, "index: the names blob is %d bytes, its entries use %d" % (len(blob), int(ends[-1])))
+            raise _fail(
+                self.pack,
+                "index: the names blob is %d bytes, its entries use %d"
+                % (len(blob), int(ends[-1])),
+            )
         target = name_off + name_len
         bad = _first_bad(self.is_lnk & (a["first"] != target))
         if bad is not None:
-            raise self.fail("first", bad, "= %d, expected %d (a symlink's target follows its name)" % (a["first"][bad], target[bad]))
+            raise self.fail(
+                "first",
+                bad,
+                "= %d, expected %d (a symlink's target follows its name)"
+                % (a["first"][bad], target[bad]),
+            )
         # Bytes that may not appear: '/' and NUL in a name, NUL in a target.
         for lo in range(0, len(blob), 16 * _BLOCK):
             piece = blob[lo : lo + 16 * _BLOCK]
-            positions = np.flatnonzero((piece == _SLASH) | (piece == 0)).astype(np.uint64) + np.uint64(lo)
+            positions = np.flatnonzero((piece == _SLASH) | (piece == 0)).astype(
+                np.uint64
+            ) + np.uint64(lo)
             if not len(positions):
                 continue
             owner = np.searchsorted(starts, positions, side="right").astype(np.int64) - 1
@@ -319,11 +396,15 @@ class _IndexCheck:
             if bad is not None:
                 e = int(owner[bad])
                 what = "name" if in_name[bad] else "symlink target"
-                raise self.fail("names", e, "(%s) contains %s" % (what, "NUL" if nul[bad] else "'/'"))
+                raise self.fail(
+                    "names", e, "(%s) contains %s" % (what, "NUL" if nul[bad] else "'/'")
+                )
         short = np.flatnonzero((name_len == 1) | (name_len == 2))
         if len(short):
             off = name_off[short].astype(np.int64)
-            dots = (blob[off] == _DOT) & ((name_len[short] == 1) | (blob[np.minimum(off + 1, len(blob) - 1)] == _DOT))
+            dots = (blob[off] == _DOT) & (
+                (name_len[short] == 1) | (blob[np.minimum(off + 1, len(blob) - 1)] == _DOT)
+            )
             bad = _first_bad(dots)
             if bad is not None:
                 raise self.fail("names", int(short[bad]), "is '.' or '..'")
@@ -342,17 +423,33 @@ class _IndexCheck:
         bad = _first_bad(counts != (sizes + cs - np.uint64(1)) // cs)
         if bad is not None:
             e = int(files[bad])
-            raise self.fail("count", e, "= %d, but a file of %d bytes has %d chunks of %d"
-                            % (counts[bad], sizes[bad], -(-int(sizes[bad]) // self.chunk_size), self.chunk_size))
+            raise self.fail(
+                "count",
+                e,
+                "= %d, but a file of %d bytes has %d chunks of %d"
+                % (
+                    counts[bad],
+                    sizes[bad],
+                    -(-int(sizes[bad]) // self.chunk_size),
+                    self.chunk_size,
+                ),
+            )
         ends = np.cumsum(counts, dtype=np.uint64)
         bad = _first_bad(a["first"][files] != ends - counts)
         if bad is not None:
             e = int(files[bad])
-            raise self.fail("first", e, "= %d, expected %d (files' chunks are consecutive in entry order)"
-                            % (a["first"][e], ends[bad] - counts[bad]))
+            raise self.fail(
+                "first",
+                e,
+                "= %d, expected %d (files' chunks are consecutive in entry order)"
+                % (a["first"][e], ends[bad] - counts[bad]),
+            )
         used = int(ends[-1]) if len(ends) else 0
         if used != self.chunks:
-            raise _fail(self.pack, "index: files use %d chunks, the chunk table has %d" % (used, self.chunks))
+            raise _fail(
+                self.pack,
+                "index: files use %d chunks, the chunk table has %d" % (used, self.chunks),
+            )
         self._files, self._counts, self._sizes = files, counts, sizes
 
     def usizes(self) -> np.ndarray:
@@ -371,7 +468,12 @@ class _IndexCheck:
         partition = a["partition"]
         bad = _first_bad(partition >= len(self.partition_sizes))
         if bad is not None:
-            raise self.fail("partition", bad, "= %d, but the pack has %d partitions" % (partition[bad], len(self.partition_sizes)))
+            raise self.fail(
+                "partition",
+                bad,
+                "= %d, but the pack has %d partitions"
+                % (partition[bad], len(self.partition_sizes)),
+            )
         offset, csize = a["offset"], a["csize"].astype(np.uint64)
         bad = _first_bad(offset >= _MAX_BYTES)
         if bad is not None:
@@ -379,34 +481,67 @@ class _IndexCheck:
         limits = np.asarray(self.partition_sizes, dtype=np.uint64)[partition]
         bad = _first_bad(offset + csize > limits)
         if bad is not None:
-            raise self.fail("offset", bad, "= %d with csize %d ends past the %d bytes of partition %d"
-                            % (offset[bad], csize[bad], limits[bad], partition[bad]))
+            raise self.fail(
+                "offset",
+                bad,
+                "= %d with csize %d ends past the %d bytes of partition %d"
+                % (offset[bad], csize[bad], limits[bad], partition[bad]),
+            )
         codec = a["codec"]
         codec_id, nibble = codec & 0x0F, codec >> 4
         known = np.isin(codec_id, _KNOWN_CODECS_BY_VERSION.get(self.version, _KNOWN_CODECS))
-        shuffle_ok = nibble == 0 if self.version < 3 else (nibble <= _MAX_SHUFFLE_NIBBLE) & ((nibble == 0) | (codec_id != 0))
+        shuffle_ok = (
+            nibble == 0
+            if self.version < 3
+            else (nibble <= _MAX_SHUFFLE_NIBBLE) & ((nibble == 0) | (codec_id != 0))
+        )
         bad = _first_bad(~(known & shuffle_ok))
         if bad is not None:
-            raise self.fail("codec", bad, "= %d is not a codec byte of format version %d" % (codec[bad], self.version))
+            raise self.fail(
+                "codec",
+                bad,
+                "= %d is not a codec byte of format version %d" % (codec[bad], self.version),
+            )
         usize = self.usizes()
         raw = codec == 0
         bad = _first_bad((raw & (csize != usize)) | (~raw & ((csize == 0) | (csize > usize))))
         if bad is not None:
-            raise self.fail("csize", bad, "= %d does not fit a chunk of %d bytes with codec %d" % (csize[bad], usize[bad], codec[bad]))
+            raise self.fail(
+                "csize",
+                bad,
+                "= %d does not fit a chunk of %d bytes with codec %d"
+                % (csize[bad], usize[bad], codec[bad]),
+            )
         dict_id = a["dict"]
         dict_codecs = (2,) if self.version < 3 else (1, 2)
-        bad = _first_bad((dict_id > self.dictionaries) | ((dict_id != 0) & ~np.isin(codec_id, dict_codecs)))
+        bad = _first_bad(
+            (dict_id > self.dictionaries) | ((dict_id != 0) & ~np.isin(codec_id, dict_codecs))
+        )
         if bad is not None:
-            raise self.fail("dict", bad, "= %d is not a dictionary of this pack for codec %d (%d dictionaries)"
-                            % (dict_id[bad], codec[bad], self.dictionaries))
+            raise self.fail(
+                "dict",
+                bad,
+                "= %d is not a dictionary of this pack for codec %d (%d dictionaries)"
+                % (dict_id[bad], codec[bad], self.dictionaries),
+            )
 
 
 def check_index(
-    pack: str, arrays: Mapping[str, np.ndarray], *, chunk_size: int, partition_sizes: list[int],
-    dictionaries: int, version: int,
+    pack: str,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    chunk_size: int,
+    partition_sizes: list[int],
+    dictionaries: int,
+    version: int,
 ) -> None:
     """Check the structure of a loaded index (column lengths already checked). Raises
     PackFormatError naming the first bad field and row."""
     _IndexCheck(
-        pack, arrays, chunk_size=chunk_size, partition_sizes=partition_sizes, dictionaries=dictionaries, version=version
+        pack,
+        arrays,
+        chunk_size=chunk_size,
+        partition_sizes=partition_sizes,
+        dictionaries=dictionaries,
+        version=version,
     ).run()

@@ -72,7 +72,9 @@ def _record(i: int) -> bytes:
             rng.randrange(10**6),
             *(rng.uniform(0, 640) for _ in range(4)),
             rng.randrange(80),
-            " ".join(rng.choice(["a", "dog", "on", "the", "red", "car", "road"]) for _ in range(12)),
+            " ".join(
+                rng.choice(["a", "dog", "on", "the", "red", "car", "road"]) for _ in range(12)
+            ),
         )
     ).encode()
 

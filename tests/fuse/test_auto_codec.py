@@ -1,7 +1,7 @@
 """`fanfs pack --codec auto` through a real mount: small JSON files stored with a dictionary
-(zstd, or lz4 since format version 3), incompressible files stored raw, a large file in several chunks; every file reads
-back byte for byte (whole, and in odd-sized pieces), and the per-file codec xattr says what the
-plan chose."""
+(zstd, or lz4 since format version 3), incompressible files stored raw, a large file in several
+chunks; every file reads back byte for byte (whole, and in odd-sized pieces), and the per-file
+codec xattr says what the plan chose."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def _tree(root: Path) -> dict[str, bytes]:
             "file_name": "img_%06d.jpg" % rng.randrange(10**6),
             "bbox": [round(rng.uniform(0, 640), 2) for _ in range(4)],
             "category": "class_%03d" % rng.randrange(80),
-            "caption": " ".join(rng.choice(["a", "dog", "on", "the", "red", "car", "road"]) for _ in range(10)),
+            "caption": " ".join(
+                rng.choice(["a", "dog", "on", "the", "red", "car", "road"]) for _ in range(10)
+            ),
         }
         files["ann/%04d.json" % i] = json.dumps(record).encode()
     for i in range(40):
@@ -44,7 +46,10 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(
     ("candidates", "chosen", "xattr"),
-    [("lz4 zstd:3 zstd:9+dict", "zstd:9+dict", b"zstd"), ("lz4 lz4hc:9+dict", "lz4hc:9+dict", b"lz4")],
+    [
+        ("lz4 zstd:3 zstd:9+dict", "zstd:9+dict", b"zstd"),
+        ("lz4 lz4hc:9+dict", "lz4hc:9+dict", b"lz4"),
+    ],
     ids=["zstd", "lz4"],
 )
 def test_auto_pack_with_dictionary_reads_back_through_the_mount(  # type: ignore[no-untyped-def]
@@ -54,9 +59,24 @@ def test_auto_pack_with_dictionary_reads_back_through_the_mount(  # type: ignore
     files = _tree(src)
     pack = tmp_path / "auto.fan"
     result = run_fanfs(
-        "pack", src, pack, "-q", "--codec", "auto", "--chunk-size", "64KiB",
-        "--codecs", candidates, "--max-overhead", "1000%",
-        "--read-mbps", "100", "--read-latency-ms", "1", "--time-budget", "5",
+        "pack",
+        src,
+        pack,
+        "-q",
+        "--codec",
+        "auto",
+        "--chunk-size",
+        "64KiB",
+        "--codecs",
+        candidates,
+        "--max-overhead",
+        "1000%",
+        "--read-mbps",
+        "100",
+        "--read-latency-ms",
+        "1",
+        "--time-budget",
+        "5",
     )
     assert result.returncode == 0, result.stderr
     inspect = run_fanfs("inspect", "--json", pack)
@@ -90,7 +110,9 @@ def _shuffled_pack(tmp_path: Path) -> tuple[dict[str, bytes], Path]:
     files: dict[str, bytes] = {}
     for i in range(20):
         values = rng.standard_normal(rng.integers(1000, 40_000)).astype(np.float16).astype("<f4")
-        files["arrays/%02d.f32" % i] = values.tobytes() + bytes(i % 4)  # some tails not whole elements
+        files["arrays/%02d.f32" % i] = values.tobytes() + bytes(
+            i % 4
+        )  # some tails not whole elements
     files["big.f32"] = np.cumsum(rng.standard_normal(200_000) * 0.01).astype("<f4").tobytes()
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +136,9 @@ def test_shuffled_pack_reads_back_through_the_mount(tmp_path: Path, mount_factor
             assert f.read() == data, rel
         assert os.getxattr(mount.mnt / rel, "user.fanfs.codec") == b"lz4+shuf4"
     with open(mount.mnt / "big.f32", "rb", buffering=0) as f:
-        pieces = [os.pread(f.fileno(), 30_001, pos) for pos in range(0, len(files["big.f32"]), 30_001)]
+        pieces = [
+            os.pread(f.fileno(), 30_001, pos) for pos in range(0, len(files["big.f32"]), 30_001)
+        ]
     assert b"".join(pieces) == files["big.f32"]
     assert mount.log_lines("ERROR") == []
 

@@ -23,7 +23,13 @@ FILE_XATTRS = {
     "user.fanfs.chunks",
     "user.fanfs.partitions",
 }
-ROOT_XATTRS = {"user.fanfs.stats", "user.fanfs.pack", "user.fanfs.pid", "user.fanfs.version", "user.fanfs.hints"}
+ROOT_XATTRS = {
+    "user.fanfs.stats",
+    "user.fanfs.pack",
+    "user.fanfs.pid",
+    "user.fanfs.version",
+    "user.fanfs.hints",
+}
 
 
 def stats(mnt: Path) -> dict[str, int]:

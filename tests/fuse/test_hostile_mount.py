@@ -16,11 +16,9 @@ import errno
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from tests.fuse.test_lifecycle import adopt_orphans, mountinfo, wait_until
 from tests.treegen import label_text, write_tree
 
 pytestmark = pytest.mark.fuse
+
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts as root, runs a binary as nobody")
 def test_setuid_binary_in_a_pack_does_not_run_as_root(
@@ -55,7 +54,9 @@ def test_setuid_binary_in_a_pack_does_not_run_as_root(
         assert (ran.returncode, ran.stdout.strip()) == (0, str(NOBODY)), ran.stderr
 
 
-def _pack_tree(tmp_path: Path, files: int = 64, size: int = 150_000) -> tuple[Path, dict[str, bytes]]:
+def _pack_tree(
+    tmp_path: Path, files: int = 64, size: int = 150_000
+) -> tuple[Path, dict[str, bytes]]:
     content = {"d%02d/f%03d.txt" % (i % 4, i): label_text(size, i) for i in range(files)}
     src = tmp_path / "src"
     write_tree(src, content)
@@ -76,7 +77,11 @@ def _files_in(pack: Path, partition: int, lo: int, hi: int) -> set[str]:
                 continue
             for cid in range(index.first[entry], index.first[entry] + index.count[entry]):
                 start = index.chunk_offset[cid]
-                if index.chunk_partition[cid] == partition and start < hi and start + index.chunk_csize[cid] > lo:
+                if (
+                    index.chunk_partition[cid] == partition
+                    and start < hi
+                    and start + index.chunk_csize[cid] > lo
+                ):
                     hit.add(index.path(entry).decode())
         return hit
     finally:
@@ -152,7 +157,8 @@ def test_the_background_filler_is_reaped_when_it_finishes(
     os.stat(mount.mnt / "sizes")  # the job's first LOOKUP starts the fill; the pack fits the cache
     # Once done it exits, and the mount reaps it: no zombie left until the unmount.
     assert wait_until(lambda: not _daemon_children(pid), 20), [
-        (child, open("/proc/%d/stat" % child).read().split()[2]) for child in _daemon_children(pid)
+        (child, Path("/proc/%d/stat" % child).read_text().split()[2])
+        for child in _daemon_children(pid)
     ]
 
 
@@ -168,7 +174,9 @@ def test_a_serving_process_that_dies_takes_the_mount_down_instead_of_hanging_rea
     one; the kernel keeps them waiting while any process still holds /dev/fuse. So the first
     process ends the mount: the readers get ENOTCONN instead of waiting forever."""
     pack, content = _pack_tree(tmp_path, files=200, size=300_000)
-    mount = mount_factory(pack, "--processes", "2", "--preload", "no", "--prefetch", "off", "--cache-memory", "0")
+    mount = mount_factory(
+        pack, "--processes", "2", "--preload", "no", "--prefetch", "off", "--cache-memory", "0"
+    )
     assert mount.proc is not None
     first = mount.proc.pid
     (child,) = _daemon_children(first)
@@ -210,7 +218,9 @@ def test_a_serving_process_that_dies_takes_the_mount_down_instead_of_hanging_rea
             stop.set()
             for t in threads:
                 t.join(15)
-            assert not any(t.is_alive() for t in threads), "a reader still waits for the dead process's request"
+            assert not any(
+                t.is_alive() for t in threads
+            ), "a reader still waits for the dead process's request"
             assert mount.proc.wait(10) == 1
     finally:
         stop.set()
@@ -218,10 +228,17 @@ def test_a_serving_process_that_dies_takes_the_mount_down_instead_of_hanging_rea
             os.kill(child, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child, 0)
-    errors = {type(e).__name__ + ":" + str(getattr(e, "errno", "")) for e in outcome.values() if e is not None}
+    errors = {
+        type(e).__name__ + ":" + str(getattr(e, "errno", ""))
+        for e in outcome.values()
+        if e is not None
+    }
     assert errors <= {"OSError:%d" % errno.ENOTCONN, "OSError:%d" % errno.ECONNABORTED}, outcome
     (line,) = mount.log_lines("CRITICAL")
-    assert "serving process %d was killed by SIGKILL; taking the mount of %s down" % (child, mount.mnt) in line
+    assert (
+        "serving process %d was killed by SIGKILL; taking the mount of %s down" % (child, mount.mnt)
+        in line
+    )
     mount.proc = None
     result = run_fanfs("umount", mount.mnt)
     assert (result.returncode, result.stderr) == (0, "")
@@ -256,7 +273,9 @@ def test_a_decompression_bomb_is_eio_with_the_daemon_memory_flat(
     image.set_chunk(cid, bomb)
     forged = image.save(tmp_path / "bomb.fan")
     assert run_fanfs("verify", "-q", forged).returncode == 3
-    mount = mount_factory(forged, "--processes", "1", "--preload", "no", "--prefetch", "off", "--cache-memory", "0")
+    mount = mount_factory(
+        forged, "--processes", "1", "--preload", "no", "--prefetch", "off", "--cache-memory", "0"
+    )
     assert mount.proc is not None
     others = {rel: data for rel, data in content.items() if rel != victim}
     assert _read_all(mount.mnt, others) == dict.fromkeys(others)
@@ -267,5 +286,7 @@ def test_a_decompression_bomb_is_eio_with_the_daemon_memory_flat(
     assert _peak_rss(mount.proc.pid) - before < 32 << 20
     assert _read_all(mount.mnt, others) == dict.fromkeys(others)  # still serving
     (line,) = mount.log_lines("ERROR")
-    assert line.endswith("zstd: frame declares 1073741824 bytes, expected 65536 in %s (chunk 1, partition %d, offset %d)"
-                         % (victim, image.columns["partition"][cid], image.columns["offset"][cid]))
+    assert line.endswith(
+        "zstd: frame declares 1073741824 bytes, expected 65536 in %s (chunk 1, partition %d, offset %d)"
+        % (victim, image.columns["partition"][cid], image.columns["offset"][cid])
+    )

@@ -52,9 +52,9 @@ def proc_state(pid: int) -> str | None:
 
 def clean_log(log: Path) -> None:
     text = log.read_text(errors="replace")
-    assert not [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line], (
-        text
-    )
+    assert not [
+        line for line in text.splitlines() if " WARNING " in line or " ERROR " in line
+    ], text
     assert "Traceback" not in text, text
 
 
@@ -152,9 +152,9 @@ def test_background_mount_and_umount(edge_pack: Path, edge_tree: Path, tmp_path:
         assert not os.path.exists("/proc/%d" % pid)
         pid = None
         text = log.read_text()
-        assert " INFO fanfs.mount: mounted " in text and " INFO fanfs.mount: unmounted " in text, (
-            text
-        )
+        assert (
+            " INFO fanfs.mount: mounted " in text and " INFO fanfs.mount: unmounted " in text
+        ), text
         clean_log(log)
     finally:
         if mountinfo(mnt) is not None:

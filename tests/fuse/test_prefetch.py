@@ -487,9 +487,7 @@ def test_registered_paths_then_indices(
             hints.send_indices([len(paths)])
     reason = "index %d past the %d registered paths" % (len(paths), len(paths))
     assert str(info.value) == "%s: the mount refused the hints: %s" % (mount.mnt, reason)
-    assert any(
-        "refused a hint client: " + reason in line for line in mount.log_lines("WARNING")
-    )
+    assert any("refused a hint client: " + reason in line for line in mount.log_lines("WARNING"))
 
 
 def test_no_hint_channel_without_prefetch(pack: Path, mount_factory: Callable[..., Mount]) -> None:
@@ -750,7 +748,9 @@ def test_an_order_past_the_limit_is_refused_and_the_mount_serves_on(
     # Exactly the limit is fine, and the mount serves on.
     with HintChannel(str(mount.mnt)) as hints:
         assert hints.send_order(["samples/s0001.txt"] * limit) == (limit, 0)
-    assert (mount.mnt / "samples/s0002.txt").read_bytes() == (tree / "samples/s0002.txt").read_bytes()
+    assert (mount.mnt / "samples/s0002.txt").read_bytes() == (
+        tree / "samples/s0002.txt"
+    ).read_bytes()
 
 
 def test_a_ninth_hint_connection_is_refused(

@@ -46,18 +46,28 @@ def test_snapshot_equal(edge_tree: Path, edge_mount: Mount) -> None:
 
 def test_root_attributes(edge_tree: Path, edge_mount: Mount) -> None:
     src, mnt = os.stat(edge_tree), os.stat(edge_mount.mnt)
-    assert (stat.filemode(mnt.st_mode), mnt.st_mtime_ns) == (stat.filemode(src.st_mode), src.st_mtime_ns)
+    assert (stat.filemode(mnt.st_mode), mnt.st_mtime_ns) == (
+        stat.filemode(src.st_mode),
+        src.st_mtime_ns,
+    )
 
 
 def test_diff_r(edge_tree: Path, edge_mount: Mount) -> None:
-    result = subprocess.run(["diff", "-r", "--no-dereference", str(edge_tree), str(edge_mount.mnt)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["diff", "-r", "--no-dereference", str(edge_tree), str(edge_mount.mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _tar_digest(root: Path) -> str:
-    tar = subprocess.run(["tar", "--sort=name", "--numeric-owner", "-C", str(root), "-cf", "-", "."],
-                         capture_output=True, check=True)
+    tar = subprocess.run(
+        ["tar", "--sort=name", "--numeric-owner", "-C", str(root), "-cf", "-", "."],
+        capture_output=True,
+        check=True,
+    )
     return hashlib.sha256(tar.stdout).hexdigest()
 
 
@@ -67,6 +77,12 @@ def test_tar(edge_tree: Path, edge_mount: Mount) -> None:
 
 def test_find_sha256sum(edge_tree: Path, edge_mount: Mount) -> None:
     def sums(root: Path) -> bytes:
-        return subprocess.run("find . -type f -print0 | sort -z | xargs -0 sha256sum", shell=True,
-                              cwd=root, capture_output=True, check=True).stdout
+        return subprocess.run(
+            "find . -type f -print0 | sort -z | xargs -0 sha256sum",
+            shell=True,
+            cwd=root,
+            capture_output=True,
+            check=True,
+        ).stdout
+
     assert sums(edge_mount.mnt) == sums(edge_tree)

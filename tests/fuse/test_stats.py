@@ -34,6 +34,11 @@ def test_stats_table_and_errors(edge_pack: Path, mount_factory: object, tmp_path
     assert "READ requests" in result.stdout and str(mount.mnt) in result.stdout.splitlines()[0]
     result = run_fanfs("stats", tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["fanfs stats: error: %s: not a fanfs mount (No data available)" % tmp_path]
+    assert result.stderr.strip().splitlines() == [
+        "fanfs stats: error: %s: not a fanfs mount (No data available)" % tmp_path
+    ]
     result = run_fanfs("stats", "--watch", "0", mount.mnt)
-    assert (result.returncode, result.stderr.strip()) == (2, "fanfs stats: error: --watch must be a positive number of seconds")
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "fanfs stats: error: --watch must be a positive number of seconds",
+    )

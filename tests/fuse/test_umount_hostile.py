@@ -26,7 +26,9 @@ PROMPT_S = QUERY_TIMEOUT_S + 8
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = write_tree(tmp_path_factory.mktemp("umount") / "src", {"a.txt": b"a\n", "d/b.txt": b"b\n"})
+    src = write_tree(
+        tmp_path_factory.mktemp("umount") / "src", {"a.txt": b"a\n", "d/b.txt": b"b\n"}
+    )
     out = src.parent / "p.fan"
     assert run_fanfs("pack", src, out, "-q").returncode == 0
     return out
@@ -91,7 +93,9 @@ def test_another_user_cannot_unmount_roots_mount(pack: Path, public_dir: Path) -
         result = as_nobody(*FANFS, "umount", mnt)
         took = time.monotonic() - start
         assert result.returncode == 4, result.stderr
-        assert result.stderr.startswith("fanfs umount: error: cannot unmount %s: " % mnt), result.stderr
+        assert result.stderr.startswith(
+            "fanfs umount: error: cannot unmount %s: " % mnt
+        ), result.stderr
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
         assert took < PROMPT_S
         assert other.mounted() and (mnt / "a.txt").read_bytes() == b"a\n"

@@ -29,7 +29,17 @@ from fanfs.compression import (
 )
 from fanfs.errors import CorruptDataError, DecompressionError, UsageError
 
-SPECS = ["none", "lz4", "zstd:1", "zstd:19", "brotli:0", "brotli:11", "lz4+shuf4", "zstd:1+shuf2", "lz4hc:9+shuf8"]
+SPECS = [
+    "none",
+    "lz4",
+    "zstd:1",
+    "zstd:19",
+    "brotli:0",
+    "brotli:11",
+    "lz4+shuf4",
+    "zstd:1+shuf2",
+    "lz4hc:9+shuf8",
+]
 COMPRESSING_SPECS = [s for s in SPECS if s != "none"]
 
 
@@ -289,9 +299,18 @@ def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("gzip", "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)"),
-        ("", "unknown codec '' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)"),
-        ("zstd3", "unknown codec 'zstd3' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)"),
+        (
+            "gzip",
+            "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)",
+        ),
+        (
+            "",
+            "unknown codec '' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)",
+        ),
+        (
+            "zstd3",
+            "unknown codec 'zstd3' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)",
+        ),
         ("zstd:fast", "invalid level in 'zstd:fast': zstd levels are 1..22"),
         ("zstd:1.5", "invalid level in 'zstd:1.5': zstd levels are 1..22"),
         ("zstd:0", "invalid level in 'zstd:0': zstd levels are 1..22"),
@@ -301,7 +320,10 @@ def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -
         ("brotli:-1", "invalid level in 'brotli:-1': brotli levels are 0..11"),
         ("brotli:max", "invalid level in 'brotli:max': brotli levels are 0..11"),
         ("zstd:", "missing level after ':' in 'zstd:' (write zstd for the default level)"),
-        ("brotli:+shuf4", "missing level after ':' in 'brotli:+shuf4' (write brotli for the default level)"),
+        (
+            "brotli:+shuf4",
+            "missing level after ':' in 'brotli:+shuf4' (write brotli for the default level)",
+        ),
         ("lz4:", "codec lz4 takes no level (got 'lz4:')"),
         ("lz4:3", "codec lz4 takes no level (got 'lz4:3')"),
         ("none:0", "codec none takes no level (got 'none:0')"),
@@ -310,8 +332,14 @@ def test_parse_codec_accepts(text: str, codec_id: int, level: int, shown: str) -
         ("lz4+shuf16", "invalid shuffle in 'lz4+shuf16': element sizes are 2, 4 or 8"),
         ("none+shuf4", "none takes no shuffle (got 'none+shuf4')"),
         ("zstd+shuf²", "invalid shuffle in 'zstd+shuf²': element sizes are 2, 4 or 8"),
-        ("zstd:3+dict", "a dictionary is trained per class: give 'zstd:3+dict' in --codecs with --codec auto"),
-        ("zstd+shuf4+dict", "a dictionary is trained per class: give 'zstd+shuf4+dict' in --codecs with --codec auto"),
+        (
+            "zstd:3+dict",
+            "a dictionary is trained per class: give 'zstd:3+dict' in --codecs with --codec auto",
+        ),
+        (
+            "zstd+shuf4+dict",
+            "a dictionary is trained per class: give 'zstd+shuf4+dict' in --codecs with --codec auto",
+        ),
     ],
 )
 def test_parse_codec_rejects(text: str, message: str) -> None:

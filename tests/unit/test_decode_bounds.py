@@ -77,7 +77,10 @@ def test_zstd_bomb_is_refused_from_its_header_under_a_memory_limit() -> None:
 
 def test_zstd_frame_without_content_size_is_refused() -> None:
     frame = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(CHUNK))
-    with pytest.raises(DecompressionError, match="^zstd: frame declares an unknown number of bytes, expected 65536$"):
+    with pytest.raises(
+        DecompressionError,
+        match="^zstd: frame declares an unknown number of bytes, expected 65536$",
+    ):
         decompress(CODEC_ZSTD, frame, CHUNK)
 
 
@@ -91,7 +94,9 @@ def test_zstd_frame_with_trailing_data_is_refused() -> None:
 def test_brotli_bomb_stops_at_the_chunk_size() -> None:
     bomb = brotli_bomb()
     start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(DecompressionError, match="^brotli: stream decodes to more than 65536 bytes$"):
+    with pytest.raises(
+        DecompressionError, match="^brotli: stream decodes to more than 65536 bytes$"
+    ):
         decompress(CODEC_BROTLI, bomb, CHUNK)
     # The old decoder produced all 64 MiB; the capped one a few times the chunk at most.
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
@@ -107,13 +112,17 @@ def test_truncated_brotli_stream_is_refused() -> None:
 def test_lzma_stream_asking_for_a_huge_dictionary_is_refused() -> None:
     """The .lzma header names a 64 MiB dictionary, which the decoder would allocate for a
     chunk the writer gives a 64 KiB one."""
-    stored = lzma.compress(bytes(CHUNK), format=lzma.FORMAT_ALONE, filters=_lzma_filters(6, 1 << 26))
+    stored = lzma.compress(
+        bytes(CHUNK), format=lzma.FORMAT_ALONE, filters=_lzma_filters(6, 1 << 26)
+    )
     with pytest.raises(DecompressionError, match="^lzma: Memory usage limit exceeded$"):
         decompress(CODEC_LZMA, stored, CHUNK)
 
 
 def test_lzma_bomb_stops_at_the_chunk_size() -> None:
-    stored = lzma.compress(bytes(16 << 20), format=lzma.FORMAT_ALONE, filters=_lzma_filters(1, CHUNK))
+    stored = lzma.compress(
+        bytes(16 << 20), format=lzma.FORMAT_ALONE, filters=_lzma_filters(1, CHUNK)
+    )
     with pytest.raises(DecompressionError, match="^lzma: stream decodes to more than 65536 bytes$"):
         decompress(CODEC_LZMA, stored, CHUNK)
 
@@ -121,7 +130,9 @@ def test_lzma_bomb_stops_at_the_chunk_size() -> None:
 def test_lzma_with_trailing_data_is_refused() -> None:
     stored = compress(bytes(CHUNK), parse_codec("lzma:6"))
     assert decompress(CODEC_LZMA, stored, CHUNK) == bytes(CHUNK)
-    with pytest.raises(DecompressionError, match="^lzma: stream is truncated or has trailing data$"):
+    with pytest.raises(
+        DecompressionError, match="^lzma: stream is truncated or has trailing data$"
+    ):
         decompress(CODEC_LZMA, stored + b"x", CHUNK)
 
 

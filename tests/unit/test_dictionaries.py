@@ -34,13 +34,17 @@ from fanfs.verify import verify_pack
 
 
 def _record(rng: random.Random, i: int) -> bytes:
-    return json.dumps({
-        "image_id": i,
-        "file_name": "COCO_train2014_%012d.jpg" % rng.randrange(10**6),
-        "bbox": [round(rng.uniform(0, 640), 2) for _ in range(4)],
-        "category_id": rng.randrange(91),
-        "caption": " ".join(rng.choice(["a", "man", "dog", "on", "the", "red", "car"]) for _ in range(8)),
-    }).encode()
+    return json.dumps(
+        {
+            "image_id": i,
+            "file_name": "COCO_train2014_%012d.jpg" % rng.randrange(10**6),
+            "bbox": [round(rng.uniform(0, 640), 2) for _ in range(4)],
+            "category_id": rng.randrange(91),
+            "caption": " ".join(
+                rng.choice(["a", "man", "dog", "on", "the", "red", "car"]) for _ in range(8)
+            ),
+        }
+    ).encode()
 
 
 RNG = random.Random(5)
@@ -78,7 +82,9 @@ def test_dictionary_round_trip_and_gain(text: str, dictionary: bytes) -> None:
 
 
 @pytest.mark.parametrize("text", ["zstd:19", "lz4hc:9"])
-def test_small_record_is_not_called_incompressible_with_a_dictionary(text: str, dictionary: bytes) -> None:
+def test_small_record_is_not_called_incompressible_with_a_dictionary(
+    text: str, dictionary: bytes
+) -> None:
     spec = parse_codec(text)
     assert compress_object(RECORDS[300], spec, dictionary)[0] == spec.codec_id
 
@@ -96,7 +102,8 @@ def test_decoding_without_the_dictionary_fails(text: str, dictionary: bytes) -> 
 def test_dictionary_on_another_codec_is_corruption(codec: int, dictionary: bytes) -> None:
     name = {CODEC_NONE: "none", CODEC_BROTLI: "brotli", CODEC_LZMA: "lzma"}[codec]
     with pytest.raises(
-        DecompressionError, match=r"^%s chunk refers to a dictionary \(only zstd and lz4 take one\)$" % name
+        DecompressionError,
+        match=r"^%s chunk refers to a dictionary \(only zstd and lz4 take one\)$" % name,
     ):
         decompress(codec, b"abc", 3, dictionary)
 
@@ -127,7 +134,9 @@ def test_lzma_corrupt_input() -> None:
 
 
 @pytest.fixture(scope="module", params=["zstd:3", "lz4hc:9"])
-def auto_pack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def auto_pack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
     """A pack whose plan gives the JSON records codec+dict (the param) and the images none."""
     base = tmp_path_factory.mktemp("dicts")
     src = base / "src"
@@ -146,8 +155,15 @@ def auto_pack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         time_budget_s=5,
     )
     out = base / "auto.fan"
-    opts = PackOptions(src=str(src), out=str(out), codec=parse_codec("zstd:3"), chunk_size=64 * 1024,
-                       jobs=2, quiet=True, auto=settings)
+    opts = PackOptions(
+        src=str(src),
+        out=str(out),
+        codec=parse_codec("zstd:3"),
+        chunk_size=64 * 1024,
+        jobs=2,
+        quiet=True,
+        auto=settings,
+    )
     run_pack(opts)
     return src, out
 
@@ -174,7 +190,12 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
                 continue
             cid = index.first[entry]
             stored = reader.read_stored(cid)
-            data = decompress(index.chunk_codec[cid], stored, index.size[entry], reader.dictionary(index.chunk_dict[cid]))
+            data = decompress(
+                index.chunk_codec[cid],
+                stored,
+                index.size[entry],
+                reader.dictionary(index.chunk_dict[cid]),
+            )
             assert bytes(data) == (src / index.path(entry).decode()).read_bytes()
             seen_dict += index.chunk_dict[cid] == 1
             if index.path(entry).startswith(b"ann/"):

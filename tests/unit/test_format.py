@@ -15,7 +15,6 @@ import shutil
 import stat
 import struct
 import tarfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,12 +85,17 @@ def _read(reader: PackReader, entry: int) -> bytes:
     for k in range(index.count[entry]):
         cid = index.first[entry] + k
         stored = reader.read_stored(cid)
-        assert chunk_crc(stored, cid, reader.crc_binds_chunk) == index.chunk_crc32[cid], "chunk %d of %r" % (
-            k,
-            index.path(entry),
+        assert chunk_crc(stored, cid, reader.crc_binds_chunk) == index.chunk_crc32[cid], (
+            "chunk %d of %r"
+            % (
+                k,
+                index.path(entry),
+            )
         )
         usize = reader.chunk_usize(entry, k)
-        out += decompress(index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid]))
+        out += decompress(
+            index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid])
+        )
     return bytes(out)
 
 
@@ -657,8 +661,15 @@ def test_missing_partition(pack_copy: Path) -> None:
 
 GOLDEN = sorted(DATA_DIR.glob("golden-v*/*.fan"))
 # The ids docs/format.md fixes; auto.fan (version 2) mixes zstd with and without a dictionary.
-GOLDEN_CODECS = {"zstd.fan": 2, "lz4.fan": 1, "brotli.fan": 3, "lzma.fan": 4, "auto.fan": 2, "lz4dict.fan": 1,
-                 "shuffle.fan": 0x22}
+GOLDEN_CODECS = {
+    "zstd.fan": 2,
+    "lz4.fan": 1,
+    "brotli.fan": 3,
+    "lzma.fan": 4,
+    "auto.fan": 2,
+    "lz4dict.fan": 1,
+    "shuffle.fan": 0x22,
+}
 # Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
 # dictionary 1: version 3's lz4 chunks with a dictionary.
 GOLDEN_ALL_DICT = {"lz4dict.fan"}

@@ -19,18 +19,32 @@ CASES = 300
 def test_random_forgeries_are_refused_or_served_exactly(tmp_path: Path) -> None:
     # Format 4 (every codec, dictionaries, the shuffle, symlinks, broadcast partitions) and
     # format 1 (plain crc32, no dictionaries column).
-    bases = sorted((DATA / "golden-v4").glob("*.fan")) + [DATA / "golden-v1" / "zstd.fan"]
+    bases = [*sorted((DATA / "golden-v4").glob("*.fan")), DATA / "golden-v1" / "zstd.fan"]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.hostile_harness", "--workdir", str(tmp_path), "--seed", "20261124",
-         "--cases", str(CASES), *map(str, bases)],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "tests.hostile_harness",
+            "--workdir",
+            str(tmp_path),
+            "--seed",
+            "20261124",
+            "--cases",
+            str(CASES),
+            *map(str, bases),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(rows) == CASES
     bad = [row for row in rows if row["problems"]]
     assert not bad, "\n".join(
-        "case %d (%s): %s\n  %s\n  %s" % (r["case"], r["base"], r["forgery"], r["outcome"], "\n  ".join(r["problems"]))
+        "case %d (%s): %s\n  %s\n  %s"
+        % (r["case"], r["base"], r["forgery"], r["outcome"], "\n  ".join(r["problems"]))
         for r in bad[:5]
     )
     # The loop must keep reaching both sides: forgeries the checks refuse, and forgeries

@@ -73,38 +73,52 @@ def assert_refused(pack: Path, mnt: Path, message: str) -> None:
     for command, extra in (("inspect", ()), ("verify", ()), ("mount", (str(mnt),))):
         result = run_fanfs(command, pack, *extra, timeout=60)
         assert (result.returncode, result.stderr, result.stdout) == (
-            3, "fanfs %s: error: %s\n" % (command, line), ""
+            3,
+            "fanfs %s: error: %s\n" % (command, line),
+            "",
         ), command
 
 
 # 1. Partition names: never a path ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../../../somewhere", "/etc/hostname", "/etc/no-such-file", "part-00001", "part-0", ""])
-def test_partition_file_must_be_its_own_name(image: PackImage, forged: Path, mountpoint: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "name", ["../../../somewhere", "/etc/hostname", "/etc/no-such-file", "part-00001", "part-0", ""]
+)
+def test_partition_file_must_be_its_own_name(
+    image: PackImage, forged: Path, mountpoint: Path, name: str
+) -> None:
     def rename(manifest: dict[str, Any]) -> None:
         manifest["partitions"][0]["file"] = name
 
     image.save(forged, after=rename)
     # The same line whether or not the named path exists: nothing about it is revealed.
-    assert_refused(forged, mountpoint, "manifest field partitions[0].file is %r, expected 'part-00000'" % name)
+    assert_refused(
+        forged, mountpoint, "manifest field partitions[0].file is %r, expected 'part-00000'" % name
+    )
 
 
 def test_a_symlinked_partition_is_refused(base: Path, forged: Path, mountpoint: Path) -> None:
     copy_pack(base, forged)
     (forged / "part-00001").unlink()
     os.symlink("/etc/hostname", forged / "part-00001")
-    assert_refused(forged, mountpoint, "partition part-00001 is a symlink (pack files must be regular files)")
+    assert_refused(
+        forged, mountpoint, "partition part-00001 is a symlink (pack files must be regular files)"
+    )
 
 
-def test_a_fifo_partition_is_refused_without_waiting(base: Path, forged: Path, mountpoint: Path) -> None:
+def test_a_fifo_partition_is_refused_without_waiting(
+    base: Path, forged: Path, mountpoint: Path
+) -> None:
     copy_pack(base, forged)
     make_fifo(forged / "part-00002")
     assert_refused(forged, mountpoint, "partition part-00002 is not a regular file")
 
 
 @pytest.mark.parametrize("name", ["index", "fanfs.manifest"])
-def test_a_fifo_or_symlink_index_or_manifest_is_refused(base: Path, forged: Path, mountpoint: Path, name: str) -> None:
+def test_a_fifo_or_symlink_index_or_manifest_is_refused(
+    base: Path, forged: Path, mountpoint: Path, name: str
+) -> None:
     copy_pack(base, forged)
     make_fifo(forged / name)
     what = "manifest" if name == "fanfs.manifest" else "index"
@@ -121,12 +135,32 @@ def test_a_fifo_or_symlink_index_or_manifest_is_refused(base: Path, forged: Path
     ("field", "value", "message"),
     [
         ("chunk_size", 0, "manifest field chunk_size is 0, expected an integer in 4096..67108864"),
-        ("chunk_size", -4096, "manifest field chunk_size is -4096, expected an integer in 4096..67108864"),
-        ("chunk_size", 1 << 40, "manifest field chunk_size is 1099511627776, expected an integer in 4096..67108864"),
-        ("chunk_size", "4096", "manifest field chunk_size is '4096', expected an integer in 4096..67108864"),
-        ("chunk_size", True, "manifest field chunk_size is True, expected an integer in 4096..67108864"),
+        (
+            "chunk_size",
+            -4096,
+            "manifest field chunk_size is -4096, expected an integer in 4096..67108864",
+        ),
+        (
+            "chunk_size",
+            1 << 40,
+            "manifest field chunk_size is 1099511627776, expected an integer in 4096..67108864",
+        ),
+        (
+            "chunk_size",
+            "4096",
+            "manifest field chunk_size is '4096', expected an integer in 4096..67108864",
+        ),
+        (
+            "chunk_size",
+            True,
+            "manifest field chunk_size is True, expected an integer in 4096..67108864",
+        ),
         ("partitions", [], "manifest field partitions is empty"),
-        ("partitions", {}, "manifest field partitions is {}, expected a list of at most 8192 items"),
+        (
+            "partitions",
+            {},
+            "manifest field partitions is {}, expected a list of at most 8192 items",
+        ),
         ("totals", None, "manifest field totals is None, expected an object"),
         ("plan", [1], "manifest field plan is [1], expected an object or null"),
     ],
@@ -144,17 +178,50 @@ def test_manifest_fields_are_checked(
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        (("partitions", 1, "size"), -1, "manifest field partitions[1].size is -1, expected an integer in 0..1152921504606846976"),
-        (("partitions", 1, "broadcast"), 0, "manifest field partitions[1].broadcast is 0, expected true or false"),
-        (("index", "entries"), 0, "manifest field index.entries is 0, expected an integer in 1..4294967295"),
-        (("index", "entries"), 10**12, "manifest field index.entries is 1000000000000, expected an integer in 1..4294967295"),
-        (("index", "file"), "../index", "manifest field index.file is '../index', expected 'index'"),
-        (("index", "columns", 0, "dtype"), "<u8", "manifest field index.columns[0] is 'parent' '<u8', expected parent <u4"),
-        (("totals", "bytes_in"), -5, "manifest field totals.bytes_in is -5, expected an integer in 0..1152921504606846976"),
+        (
+            ("partitions", 1, "size"),
+            -1,
+            "manifest field partitions[1].size is -1, expected an integer in 0..1152921504606846976",
+        ),
+        (
+            ("partitions", 1, "broadcast"),
+            0,
+            "manifest field partitions[1].broadcast is 0, expected true or false",
+        ),
+        (
+            ("index", "entries"),
+            0,
+            "manifest field index.entries is 0, expected an integer in 1..4294967295",
+        ),
+        (
+            ("index", "entries"),
+            10**12,
+            "manifest field index.entries is 1000000000000, expected an integer in 1..4294967295",
+        ),
+        (
+            ("index", "file"),
+            "../index",
+            "manifest field index.file is '../index', expected 'index'",
+        ),
+        (
+            ("index", "columns", 0, "dtype"),
+            "<u8",
+            "manifest field index.columns[0] is 'parent' '<u8', expected parent <u4",
+        ),
+        (
+            ("totals", "bytes_in"),
+            -5,
+            "manifest field totals.bytes_in is -5, expected an integer in 0..1152921504606846976",
+        ),
     ],
 )
 def test_nested_manifest_fields_are_checked(
-    image: PackImage, forged: Path, mountpoint: Path, path: tuple[Any, ...], value: object, message: str
+    image: PackImage,
+    forged: Path,
+    mountpoint: Path,
+    path: tuple[Any, ...],
+    value: object,
+    message: str,
 ) -> None:
     def forge(manifest: dict[str, Any]) -> None:
         target = manifest
@@ -171,17 +238,23 @@ def test_deeply_nested_manifest_json_is_refused(base: Path, forged: Path, mountp
     (forged / "fanfs.manifest").write_bytes(raw_manifest(b"[" * 100_000 + b"]" * 100_000, 4))
     result = run_fanfs("inspect", forged)
     assert result.returncode == 3
-    assert result.stderr.startswith("fanfs inspect: error: %s: manifest is not valid JSON: maximum recursion depth" % forged)
+    assert result.stderr.startswith(
+        "fanfs inspect: error: %s: manifest is not valid JSON: maximum recursion depth" % forged
+    )
     assert result.stderr.count("\n") == 1
 
 
-def test_a_manifest_of_too_many_objects_is_refused_before_parsing(base: Path, forged: Path, mountpoint: Path) -> None:
+def test_a_manifest_of_too_many_objects_is_refused_before_parsing(
+    base: Path, forged: Path, mountpoint: Path
+) -> None:
     copy_pack(base, forged)
     (forged / "fanfs.manifest").write_bytes(raw_manifest(b"[" + b"{}," * 300_000 + b"{}]", 4))
     assert_refused(forged, mountpoint, "manifest has more than 262144 JSON objects and arrays")
 
 
-def test_a_malformed_plan_record_is_named_by_inspect_not_trusted(tmp_path: Path, forged: Path) -> None:
+def test_a_malformed_plan_record_is_named_by_inspect_not_trusted(
+    tmp_path: Path, forged: Path
+) -> None:
     """The plan is informational (no reader depends on it): inspect names it malformed, where
     it used to end in a traceback."""
     auto = Path(__file__).resolve().parents[1] / "data" / "golden-v4" / "auto.fan"
@@ -190,15 +263,25 @@ def test_a_malformed_plan_record_is_named_by_inspect_not_trusted(tmp_path: Path,
     image.save(forged)
     result = run_fanfs("inspect", forged)
     assert (result.returncode, result.stderr) == (0, "")
-    assert result.stdout.endswith("\ncodec plan: the manifest's plan record is malformed (fanfs inspect --json shows it)\n")
+    assert result.stdout.endswith(
+        "\ncodec plan: the manifest's plan record is malformed (fanfs inspect --json shows it)\n"
+    )
     assert run_fanfs("verify", "-q", forged).returncode == 0
 
 
-def test_a_dictionary_larger_than_any_fanfs_writes_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_dictionary_larger_than_any_fanfs_writes_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     image.columns["dicts"] = np.zeros(200_000, dtype=np.uint8)
-    image.manifest["dictionaries"] = [{"id": 1, "offset": 0, "size": 200_000, "crc32": 0, "class": "x"}]
+    image.manifest["dictionaries"] = [
+        {"id": 1, "offset": 0, "size": 200_000, "crc32": 0, "class": "x"}
+    ]
     image.save(forged)
-    assert_refused(forged, mountpoint, "manifest field dictionaries[0].size is 200000, expected an integer in 1..114688")
+    assert_refused(
+        forged,
+        mountpoint,
+        "manifest field dictionaries[0].size is 200000, expected an integer in 1..114688",
+    )
 
 
 # 3. The index ------------------------------------------------------------------------------
@@ -213,40 +296,62 @@ def test_a_parent_cycle_is_refused(image: PackImage, forged: Path, mountpoint: P
     b, c = _entry(image, "b"), _entry(image, "b/c")
     image.columns["parent"][b] = c
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: parent[%d] = %d is not an earlier entry (a cycle or a forward reference)" % (b, c))
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: parent[%d] = %d is not an earlier entry (a cycle or a forward reference)" % (b, c),
+    )
 
 
-def test_a_huge_parent_is_refused_without_allocating(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_huge_parent_is_refused_without_allocating(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     """One forged parent of 2^32-1 made the mount allocate ~20 GB (np.bincount)."""
     e = _entry(image, "top.txt")
     image.columns["parent"][e] = 0xFFFFFFFF
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: parent[%d] = 4294967295 is not an earlier entry (a cycle or a forward reference)" % e)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: parent[%d] = 4294967295 is not an earlier entry (a cycle or a forward reference)"
+        % e,
+    )
 
 
-def test_a_directory_claiming_children_it_has_not_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_directory_claiming_children_it_has_not_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     a = _entry(image, "a")
     image.columns["count"][a] += 1
     image.save(forged)
     first = int(image.columns["first"][a])
     assert_refused(
-        forged, mountpoint,
+        forged,
+        mountpoint,
         "index: first[%d] = %d, count = %d, but its children are entries %d..%d"
         % (a, first, image.columns["count"][a], first, first + image.columns["count"][a] - 2),
     )
 
 
-def test_a_file_count_that_disagrees_with_its_size_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_file_count_that_disagrees_with_its_size_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     """A negative or zero chunk size used to make a 2 MB file read as 0 bytes; the same holds
     for a size whose chunks are not there."""
     e = _entry(image, "a/text.txt")
     image.columns["size"][e] = 100 * CHUNK
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: count[%d] = 4, but a file of 409600 bytes has 100 chunks of 4096" % e)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: count[%d] = 4, but a file of 409600 bytes has 100 chunks of 4096" % e,
+    )
 
 
 @pytest.mark.parametrize(("byte", "what"), [(b"/", "'/'"), (b"\0", "NUL")])
-def test_a_name_with_a_slash_or_nul_is_refused(image: PackImage, forged: Path, mountpoint: Path, byte: bytes, what: str) -> None:
+def test_a_name_with_a_slash_or_nul_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path, byte: bytes, what: str
+) -> None:
     e = _entry(image, "top.txt")
     image.columns["names"][int(image.columns["name_off"][e]) + 1] = byte[0]
     image.save(forged)
@@ -260,42 +365,64 @@ def test_a_dot_name_is_refused(image: PackImage, forged: Path, mountpoint: Path)
     assert_refused(forged, mountpoint, "index: names[%d] is '.' or '..'" % a)
 
 
-def test_a_name_outside_the_names_blob_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_name_outside_the_names_blob_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     e = _entry(image, "top.txt")
     original = int(image.columns["name_off"][e])
     image.columns["name_off"][e] = 1 << 40
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: name_off[%d] = %d, expected %d (names are stored back to back in entry order)"
-                   % (e, 1 << 40, original))
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: name_off[%d] = %d, expected %d (names are stored back to back in entry order)"
+        % (e, 1 << 40, original),
+    )
 
 
-def test_a_chunk_in_a_partition_that_does_not_exist_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_chunk_in_a_partition_that_does_not_exist_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     image.columns["partition"][2] = 7
     image.save(forged)
     assert_refused(forged, mountpoint, "index: partition[2] = 7, but the pack has 3 partitions")
 
 
-def test_a_chunk_past_its_partition_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_chunk_past_its_partition_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     size = len(image.parts[int(image.columns["partition"][1])])
     image.columns["offset"][1] = size
     image.save(forged)
     csize = int(image.columns["csize"][1])
-    assert_refused(forged, mountpoint, "index: offset[1] = %d with csize %d ends past the %d bytes of partition %d"
-                   % (size, csize, size, image.columns["partition"][1]))
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: offset[1] = %d with csize %d ends past the %d bytes of partition %d"
+        % (size, csize, size, image.columns["partition"][1]),
+    )
 
 
 def test_an_unknown_codec_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
     image.columns["codec"][0] = 9
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: codec[0] = 9 is not a codec byte of format version 4")
+    assert_refused(
+        forged, mountpoint, "index: codec[0] = 9 is not a codec byte of format version 4"
+    )
 
 
-def test_a_raw_chunk_of_the_wrong_size_is_refused(image: PackImage, forged: Path, mountpoint: Path) -> None:
+def test_a_raw_chunk_of_the_wrong_size_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
     cid = int(image.columns["first"][_entry(image, "b/random.bin")])
     assert image.columns["codec"][cid] == 0
     image.columns["csize"][cid] -= 1
     image.save(forged)
-    assert_refused(forged, mountpoint, "index: csize[%d] = 4095 does not fit a chunk of 4096 bytes with codec 0" % cid)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: csize[%d] = 4095 does not fit a chunk of 4096 bytes with codec 0" % cid,
+    )
 
 
 # 4. Chunks: bound to their file, bounded when decoded --------------------------------------
@@ -305,11 +432,21 @@ def zstd_bomb(size: int) -> bytes:
     """A zstd frame holding (and declaring) `size` zero bytes."""
     cobj = zstandard.ZstdCompressor(level=19).compressobj(size=size)
     zeros = bytes(1 << 24)
-    return b"".join([*(cobj.compress(zeros[: min(len(zeros), size - done)]) for done in range(0, size, len(zeros))), cobj.flush()])
+    return b"".join(
+        [
+            *(
+                cobj.compress(zeros[: min(len(zeros), size - done)])
+                for done in range(0, size, len(zeros))
+            ),
+            cobj.flush(),
+        ]
+    )
 
 
 def _verify(pack: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FANFS, "verify", str(pack)], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [*FANFS, "verify", str(pack)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_swapped_chunks_fail_their_checksums(image: PackImage, forged: Path) -> None:
@@ -323,11 +460,15 @@ def test_swapped_chunks_fail_their_checksums(image: PackImage, forged: Path) -> 
     image.save(forged)
     result = _verify(forged)
     assert result.returncode == 3
-    assert sorted(result.stderr.splitlines()) == sorted([
-        "fanfs verify: corrupt: a/text.txt: chunk 0 (partition %d): checksum mismatch" % image.columns["partition"][x],
-        "fanfs verify: corrupt: b/c/deep.txt: chunk 0 (partition %d): checksum mismatch" % image.columns["partition"][y],
-        "fanfs verify: %s: 2 damaged object(s)" % forged,
-    ])
+    assert sorted(result.stderr.splitlines()) == sorted(
+        [
+            "fanfs verify: corrupt: a/text.txt: chunk 0 (partition %d): checksum mismatch"
+            % image.columns["partition"][x],
+            "fanfs verify: corrupt: b/c/deep.txt: chunk 0 (partition %d): checksum mismatch"
+            % image.columns["partition"][y],
+            "fanfs verify: %s: 2 damaged object(s)" % forged,
+        ]
+    )
 
 
 def test_a_duplicated_chunk_fails_its_checksum(image: PackImage, forged: Path) -> None:
@@ -338,8 +479,11 @@ def test_a_duplicated_chunk_fails_its_checksum(image: PackImage, forged: Path) -
     image.save(forged)
     result = _verify(forged)
     assert result.returncode == 3
-    assert "fanfs verify: corrupt: a/text.txt: chunk 1 (partition %d): checksum mismatch" % image.columns["partition"][x] \
+    assert (
+        "fanfs verify: corrupt: a/text.txt: chunk 1 (partition %d): checksum mismatch"
+        % image.columns["partition"][x]
         in result.stderr.splitlines()
+    )
 
 
 def test_verify_finds_a_bomb_whose_checksums_all_match(image: PackImage, forged: Path) -> None:
@@ -352,11 +496,14 @@ def test_verify_finds_a_bomb_whose_checksums_all_match(image: PackImage, forged:
     image.set_chunk(cid, bomb)
     image.save(forged)
     result = _verify(forged)
-    assert (result.returncode, result.stderr.splitlines()) == (3, [
-        "fanfs verify: corrupt: a/text.txt: chunk 1 (partition %d): zstd: frame declares 67108864 bytes, expected 4096"
-        % image.columns["partition"][cid],
-        "fanfs verify: %s: 1 damaged object(s)" % forged,
-    ])
+    assert (result.returncode, result.stderr.splitlines()) == (
+        3,
+        [
+            "fanfs verify: corrupt: a/text.txt: chunk 1 (partition %d): zstd: frame declares 67108864 bytes, expected 4096"
+            % image.columns["partition"][cid],
+            "fanfs verify: %s: 1 damaged object(s)" % forged,
+        ],
+    )
 
 
 def test_the_base_pack_is_good(base: Path) -> None:
@@ -365,7 +512,9 @@ def test_the_base_pack_is_good(base: Path) -> None:
     assert partition_name(0) == "part-00000"
 
 
-def test_an_unforged_copy_through_the_forge_is_identical(image: PackImage, base: Path, forged: Path) -> None:
+def test_an_unforged_copy_through_the_forge_is_identical(
+    image: PackImage, base: Path, forged: Path
+) -> None:
     image.save(forged)
     for name in sorted(os.listdir(base)):
         assert (forged / name).read_bytes() == (base / name).read_bytes(), name

@@ -58,7 +58,10 @@ def test_knapsack_is_optimal_on_small_random_cases(seed: int) -> None:
     rng = random.Random(seed)
     groups = rng.randint(1, 5)
     options = [
-        [(rng.choice([0, rng.uniform(0, 10), rng.randint(0, 5)]), rng.uniform(0, 100)) for _ in range(rng.randint(1, 5))]
+        [
+            (rng.choice([0, rng.uniform(0, 10), rng.randint(0, 5)]), rng.uniform(0, 100))
+            for _ in range(rng.randint(1, 5))
+        ]
         for _ in range(groups)
     ]
     budget = rng.uniform(0, 5 * groups)
@@ -170,7 +173,10 @@ def test_capacity_too_small_gives_the_smallest_plan_and_says_so() -> None:
 def test_capacity_and_budget_together() -> None:
     sel = select(PROFILES, Objective("capacity", 1.0, 2000))
     assert not sel.feasible
-    assert sel.problem == "no plan fits in 2.0 KiB within the decode budget: the fastest that fits needs 600.0% of it"
+    assert (
+        sel.problem
+        == "no plan fits in 2.0 KiB within the decode budget: the fastest that fits needs 600.0% of it"
+    )
 
 
 def test_sync_budget_arithmetic() -> None:
@@ -212,7 +218,9 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
 
     monkeypatch.setattr(optimizer, "time", Clock)
     factors = []
-    monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5)
+    monkeypatch.setattr(
+        optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5
+    )
     units = [b"abc" * 1000, b"xyz" * 2000]
     m = optimizer.measure("c", ZSTD3, units, None)
     assert m.decode_s == 3.0
@@ -249,7 +257,9 @@ def test_cold_factor_on_real_data() -> None:
     from fanfs.optimizer import cold_factor
 
     rng = random.Random(5)
-    objects = [json.dumps({"id": i, "box": [rng.random() for _ in range(4)]}).encode() for i in range(32)]
+    objects = [
+        json.dumps({"id": i, "box": [rng.random() for _ in range(4)]}).encode() for i in range(32)
+    ]
     coded = [(*compress_object(o, ZSTD3.spec), len(o)) for o in objects]
     factor = cold_factor(coded, None)
     assert 1.0 <= factor < 100
@@ -263,8 +273,13 @@ def test_measure_raw_units_cost_no_decode() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("2000", (2000.0, None)), ("2000files/s", (2000.0, None)), ("500MB/s", (None, 500e6)),
-     ("1GiB/s", (None, float(2**30))), ("1.5k/s", (None, 1536.0))],
+    [
+        ("2000", (2000.0, None)),
+        ("2000files/s", (2000.0, None)),
+        ("500MB/s", (None, 500e6)),
+        ("1GiB/s", (None, float(2**30))),
+        ("1.5k/s", (None, 1536.0)),
+    ],
 )
 def test_parse_rate(text: str, expected: tuple[float | None, float | None]) -> None:
     assert parse_rate(text) == expected
@@ -272,7 +287,9 @@ def test_parse_rate(text: str, expected: tuple[float | None, float | None]) -> N
 
 @pytest.mark.parametrize("text", ["fast", "0", "-5", "12 parsecs/s", ""])
 def test_parse_rate_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match=r"^invalid rate .* \(expected e.g. 2000files/s or 500MB/s\)$"):
+    with pytest.raises(
+        UsageError, match=r"^invalid rate .* \(expected e.g. 2000files/s or 500MB/s\)$"
+    ):
         parse_rate(text)
 
 
@@ -286,11 +303,20 @@ def test_parse_percent() -> None:
 def test_parse_candidates() -> None:
     cands = parse_candidates("zstd:3, lz4 zstd:9+dict zstd:3 lz4hc:9+dict")
     assert [str(c) for c in cands] == ["none", "zstd:3", "lz4", "zstd:9+dict", "lz4hc:9+dict"]
-    with pytest.raises(UsageError, match=r"^only zstd and lz4 take a dictionary \(got 'brotli:5\+dict'\)$"):
+    with pytest.raises(
+        UsageError, match=r"^only zstd and lz4 take a dictionary \(got 'brotli:5\+dict'\)$"
+    ):
         parse_candidates("brotli:5+dict")
-    assert [str(c) for c in parse_candidates("zstd+dict lz4hc:9+shuf4")] == ["none", "zstd:3+dict", "lz4hc:9+shuf4"]
+    assert [str(c) for c in parse_candidates("zstd+dict lz4hc:9+shuf4")] == [
+        "none",
+        "zstd:3+dict",
+        "lz4hc:9+shuf4",
+    ]
     for word in ("zstd+dict+shuf4", "lz4hc:9+shuf4+dict"):
-        with pytest.raises(UsageError, match=r"^a dictionary does not combine with a shuffle \(got '%s'\)$" % re.escape(word)):
+        with pytest.raises(
+            UsageError,
+            match=r"^a dictionary does not combine with a shuffle \(got '%s'\)$" % re.escape(word),
+        ):
             parse_candidates(word)
 
 
@@ -307,13 +333,15 @@ def _files(spec: dict[bytes, tuple[int, int]]) -> list[FileRef]:
 
 
 def test_classes_merge_rare_ones() -> None:
-    files = _files({
-        b"train/#.jpg": (100, 1000),
-        b"val/#.jpg": (5, 40),  # rare: joins */*.jpg with the other rare jpgs
-        b"test/#.jpg": (30, 40),
-        b"misc/#.xyz": (2, 10),  # rare everywhere: the fallback class
-        b"BIG.BIN": (1, 50_000),  # one file, but a large share of the bytes
-    })
+    files = _files(
+        {
+            b"train/#.jpg": (100, 1000),
+            b"val/#.jpg": (5, 40),  # rare: joins */*.jpg with the other rare jpgs
+            b"test/#.jpg": (30, 40),
+            b"misc/#.xyz": (2, 10),  # rare everywhere: the fallback class
+            b"BIG.BIN": (1, 50_000),  # one file, but a large share of the bytes
+        }
+    )
     names = build_classes(files)
     assert names == ["train/*.jpg", "./*.bin", "*/*.jpg", FALLBACK_CLASS]
     known = set(names)
@@ -343,7 +371,11 @@ def test_an_image_folder_tree_gets_one_class_per_extension() -> None:
 def test_a_few_directories_keep_their_classes_until_there_are_too_many() -> None:
     # 3 directories x 3 extensions: 9 classes, none merged (the directories may hold
     # different kinds of data under one extension).
-    spec = {b"%s/#.%s" % (d, e): (40, 1000) for d in (b"a", b"b", b"c") for e in (b"jpg", b"npy", b"txt")}
+    spec = {
+        b"%s/#.%s" % (d, e): (40, 1000)
+        for d in (b"a", b"b", b"c")
+        for e in (b"jpg", b"npy", b"txt")
+    }
     assert len(build_classes(_files(spec))) == 9
     # 8 directories of jpg (not more than MAX_EXT_DIRS), 7 of npy, 6 each of txt, bin and
     # json: 33 classes > MAX_CLASSES, so only the most spread extension, jpg, collapses.
@@ -376,7 +408,9 @@ def test_a_top_level_directory_named_star_gives_no_duplicate_class() -> None:
 # --- whole plans with injected measurements ---------------------------------------------------
 
 
-def _fake_measure(class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None) -> Measurement:
+def _fake_measure(
+    class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+) -> Measurement:
     """Deterministic numbers derived from the candidate and the units' sizes."""
     raw = sum(len(u) for u in units)
     level = cand.spec.level or 1
@@ -386,8 +420,18 @@ def _fake_measure(class_name: str, cand: Candidate, units: Sequence[bytes], dict
     if cand.use_dict:
         factor *= 0.5
     stored = int(raw * factor / (1 + level / 40))
-    decode = raw * 1e-9 * (1 if cand.spec.name.startswith("lz4") else 3 if cand.spec.name == "zstd" else 8)
-    return Measurement(len(units), raw, stored if factor < 1 else raw, decode if factor < 1 else 0.0, raw * level * 1e-9)
+    decode = (
+        raw
+        * 1e-9
+        * (1 if cand.spec.name.startswith("lz4") else 3 if cand.spec.name == "zstd" else 8)
+    )
+    return Measurement(
+        len(units),
+        raw,
+        stored if factor < 1 else raw,
+        decode if factor < 1 else 0.0,
+        raw * level * 1e-9,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +442,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / "img").mkdir(parents=True, exist_ok=True)
         (root / "img" / ("%03d.jpg" % i)).write_bytes(rng.randbytes(rng.randint(2000, 9000)))
         (root / "ann").mkdir(exist_ok=True)
-        record = {"id": i, "label": rng.choice(["cat", "dog", "car"]), "box": [rng.random() for _ in range(4)]}
+        record = {
+            "id": i,
+            "label": rng.choice(["cat", "dog", "car"]),
+            "box": [rng.random() for _ in range(4)],
+        }
         (root / "ann" / ("%03d.json" % i)).write_text(json.dumps(record) * 3)
     (root / "big.txt").write_bytes(b"the quick brown fox " * 200_000)
     return root
@@ -407,7 +455,9 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     from fanfs.pack import walk_tree
 
-    settings = PlanSettings(read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw)  # type: ignore[arg-type]
+    settings = PlanSettings(
+        read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw
+    )  # type: ignore[arg-type]
     plan = make_plan(walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=_fake_measure)
     record = plan_record(plan)
     del record["sample"]["seconds"]  # wall time of the run
@@ -445,18 +495,48 @@ def test_plan_sample_sizes_are_reported(tree: Path) -> None:
 
 
 def test_plan_command_impossible_capacity(tree: Path) -> None:
-    result = run_fanfs("plan", tree, "--capacity", "1KiB", "--codecs", "lz4 zstd:1", "--time-budget", "2",
-                       "--sample-bytes", "1MiB")
+    result = run_fanfs(
+        "plan",
+        tree,
+        "--capacity",
+        "1KiB",
+        "--codecs",
+        "lz4 zstd:1",
+        "--time-budget",
+        "2",
+        "--sample-bytes",
+        "1MiB",
+    )
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1
-    assert re.fullmatch(r"fanfs plan: error: no plan fits in 1\.0 KiB: the smallest needs [0-9.]+ KiB", lines[0])
-    assert result.stdout.splitlines()[0].split()[:4] == ["class", "files", "bytes", "codec"]  # the closest plan
+    assert re.fullmatch(
+        r"fanfs plan: error: no plan fits in 1\.0 KiB: the smallest needs [0-9.]+ KiB", lines[0]
+    )
+    assert result.stdout.splitlines()[0].split()[:4] == [
+        "class",
+        "files",
+        "bytes",
+        "codec",
+    ]  # the closest plan
 
 
 def test_plan_command_json(tree: Path) -> None:
-    result = run_fanfs("plan", tree, "--json", "--mode", "prefetch", "--target-rate", "100000files/s",
-                       "--codecs", "lz4 zstd:3", "--time-budget", "2", "--sample-bytes", "1MiB")
+    result = run_fanfs(
+        "plan",
+        tree,
+        "--json",
+        "--mode",
+        "prefetch",
+        "--target-rate",
+        "100000files/s",
+        "--codecs",
+        "lz4 zstd:3",
+        "--time-budget",
+        "2",
+        "--sample-bytes",
+        "1MiB",
+    )
     assert (result.returncode, result.stderr) == (0, "")
     record = json.loads(result.stdout)
     assert record["mode"] == "prefetch" and record["feasible"]
@@ -471,8 +551,11 @@ def test_plan_command_json(tree: Path) -> None:
         (["--read-mbps", "100"], "give both --read-mbps and --read-latency-ms, or neither"),
         (["--decode-cores", "0"], "--decode-cores must be a positive number (got '0')"),
         (["--target-rate", "fast"], "invalid rate 'fast' (expected e.g. 2000files/s or 500MB/s)"),
-        (["--codecs", "gzip"], "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], "
-         "brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)"),
+        (
+            ["--codecs", "gzip"],
+            "unknown codec 'gzip' (choose none, lz4, lz4hc[:LEVEL], zstd[:LEVEL], "
+            "brotli[:LEVEL] or lzma[:LEVEL], optionally +shuf2|4|8)",
+        ),
     ],
 )
 def test_plan_command_rejects_bad_options(tree: Path, args: list[str], message: str) -> None:
@@ -483,10 +566,23 @@ def test_plan_command_rejects_bad_options(tree: Path, args: list[str], message: 
 
 def test_pack_auto_impossible_writes_nothing(tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.fan"
-    result = run_fanfs("pack", tree, out, "--codec", "auto", "--capacity", "1KiB", "--codecs", "zstd:1",
-                       "--time-budget", "2")
+    result = run_fanfs(
+        "pack",
+        tree,
+        out,
+        "--codec",
+        "auto",
+        "--capacity",
+        "1KiB",
+        "--codecs",
+        "zstd:1",
+        "--time-budget",
+        "2",
+    )
     assert result.returncode == 2
-    assert result.stderr.startswith("fanfs pack: error: no plan fits in 1.0 KiB: the smallest needs ")
+    assert result.stderr.startswith(
+        "fanfs pack: error: no plan fits in 1.0 KiB: the smallest needs "
+    )
     assert "class" in result.stdout
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []

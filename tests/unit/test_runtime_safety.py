@@ -216,7 +216,11 @@ def test_anything_else_at_the_hint_socket_path_is_left_alone(
     with pytest.raises(FileExistsError):
         bind_hint_socket(str(path))
     after = path.lstat()
-    assert (after.st_ino, after.st_mode, after.st_uid) == (before.st_ino, before.st_mode, before.st_uid)
+    assert (after.st_ino, after.st_mode, after.st_uid) == (
+        before.st_ino,
+        before.st_mode,
+        before.st_uid,
+    )
     assert victim.read_text() == VICTIM_TEXT
 
 
@@ -257,7 +261,9 @@ def test_a_cache_dir_only_its_owner_can_change_is_accepted(shared_dir: Path, mod
     check_writable_by_owner_only(str(shared_dir), "--cache-dir")
 
 
-def test_write_atomic_never_follows_a_planted_temporary_name(public_dir: Path, victim: Path) -> None:
+def test_write_atomic_never_follows_a_planted_temporary_name(
+    public_dir: Path, victim: Path
+) -> None:
     """A stale `NAME.tmp` symlink (left by anyone) is removed, not written through."""
     target = public_dir / "index"
     (public_dir / "index.tmp").symlink_to(victim)

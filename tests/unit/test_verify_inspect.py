@@ -23,8 +23,6 @@ from tests.treegen import label_text as _text
 CHUNK = 64 * 1024
 
 
-
-
 FILES = {
     "docs/big.txt": _text(3 * CHUNK + 500, 1),  # 4 compressed chunks
     "docs/small.txt": _text(2000, 2),
@@ -33,8 +31,6 @@ FILES = {
     "labels.csv": b"file,label\nphoto.jpg,3\n" * 50,
     "empty": b"",
 }
-
-
 
 
 @pytest.fixture(scope="module")
