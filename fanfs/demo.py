@@ -36,7 +36,7 @@ def _read_files(paths: list[str]) -> tuple[int, int]:
 
 
 def _list_files(root: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for dirpath, _, names in os.walk(root):
         out.extend(os.path.relpath(os.path.join(dirpath, n), root) for n in names)
     return sorted(out)

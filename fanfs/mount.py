@@ -221,15 +221,15 @@ def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: s
     pid = os.fork()
     if pid:
         os.close(write_fd)
-        with os.fdopen(read_fd, "rb") as pipe:
-            status = pipe.read().decode(errors="replace")
+        with os.fdopen(read_fd, "rb") as status_pipe:
+            status = status_pipe.read().decode(errors="replace")
         if status.startswith("ok"):
             return 0
-        code, _, message = status.partition(" ")
-        if not code.isdigit():
-            message, code = "the mount daemon died during start-up; see %s" % logfile, "4"
+        told, _, message = status.partition(" ")
+        if not told.isdigit():
+            message, told = "the mount daemon died during start-up; see %s" % logfile, "4"
         print("fanfs mount: error: %s" % message.strip(), file=sys.stderr)
-        return int(code)
+        return int(told)
     os.close(read_fd)
     os.setsid()
     pipe = [write_fd]  # emptied once the parent has been told; the fd number is then reused

@@ -20,7 +20,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 import numpy as np
@@ -62,7 +62,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _boundary(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _boundary(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -124,7 +124,7 @@ class Operations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         nlink = self.index.subdir_counts().astype(np.uint32) + 2
-        self._nlink = memoryview(nlink).cast("B").cast("I")
+        self._nlink = nlink.data.cast("B").cast("I")
 
     def init(self) -> None:
         # Called by libfuse inside the INIT handshake; mount.py hooks readiness (and, with

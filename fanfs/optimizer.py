@@ -245,14 +245,14 @@ class ClassSample:
     """A class of files and its sample.
 
     Attributes:
-        files, bytes: the whole class.
+        files, total_bytes: the whole class.
         units: the sample (whole chunks, in the seeded random order).
         dictionary: a zstd dictionary trained on the even-numbered sample units, or None.
     """
 
     name: str
     files: int = 0
-    bytes: int = 0
+    total_bytes: int = 0
     chunks: int = 0
     units: list[bytes] = field(default_factory=list)
     median_unit: int = 0
@@ -360,9 +360,9 @@ def sample_classes(
     classes = [ClassSample(n) for n in names]
     for cls in classes:
         group = members[cls.name]
-        cls.files, cls.bytes = len(group), sum(f.size for f in group)
+        cls.files, cls.total_bytes = len(group), sum(f.size for f in group)
         cls.chunks = sum(math.ceil(f.size / chunk_size) for f in group)
-    wants = _allocate([c.bytes for c in classes], sample_bytes)
+    wants = _allocate([c.total_bytes for c in classes], sample_bytes)
     reads: list[tuple[int, float]] = []
     for cls, want in zip(classes, wants, strict=True):
         rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
@@ -514,12 +514,12 @@ class Estimate:
 class ClassProfile:
     name: str
     files: int
-    bytes: int
+    total_bytes: int
     estimates: list[Estimate]
     dictionary: bytes | None = None
 
     def ratio(self, est: Estimate) -> float:
-        return self.bytes / est.stored_bytes if est.stored_bytes else 1.0
+        return self.total_bytes / est.stored_bytes if est.stored_bytes else 1.0
 
 
 def _waterfill_time(rates: list[float], rooms: list[int], seconds: float) -> list[int]:
@@ -637,25 +637,25 @@ def _project(
     totals: dict[tuple[str, Candidate], Measurement],
 ) -> ClassProfile:
     estimates = [
-        Estimate(NONE, cls.bytes, 0.0, 0.0, len(cls.units), sum(len(u) for u in cls.units))
+        Estimate(NONE, cls.total_bytes, 0.0, 0.0, len(cls.units), sum(len(u) for u in cls.units))
     ]
     for cand in candidates:
         m = totals.get((cls.name, cand))
         if m is None or m.raw_bytes == 0:
             continue
-        scale = cls.bytes / m.raw_bytes
+        scale = cls.total_bytes / m.raw_bytes
         extra = len(cls.dictionary) if cand.use_dict and cls.dictionary else 0
         estimates.append(
             Estimate(
                 cand,
-                min(int(round(m.stored_bytes * scale)), cls.bytes) + extra,
+                min(int(round(m.stored_bytes * scale)), cls.total_bytes) + extra,
                 m.decode_s * scale,
                 m.compress_s * scale,
                 m.units,
                 m.raw_bytes,
             )
         )
-    return ClassProfile(cls.name, cls.files, cls.bytes, estimates, cls.dictionary)
+    return ClassProfile(cls.name, cls.files, cls.total_bytes, estimates, cls.dictionary)
 
 
 # --- selection --------------------------------------------------------------------------------
@@ -921,7 +921,7 @@ class Plan:
     selection: Selection
     budget_s: float | None
     files: int
-    bytes: int
+    total_bytes: int
     sample_units: int
     sample_bytes: int
     elapsed_s: float
@@ -991,14 +991,16 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             {
                 "class": prof.name,
                 "files": prof.files,
-                "bytes": prof.bytes,
+                "bytes": prof.total_bytes,
                 "codec": str(est.candidate),
                 "ratio": round(prof.ratio(est), 4),
-                "decode_mbps": round(prof.bytes / est.decode_s / 1e6, 1) if est.decode_s else None,
+                "decode_mbps": (
+                    round(prof.total_bytes / est.decode_s / 1e6, 1) if est.decode_s else None
+                ),
                 "decode_s": round(est.decode_s, 6),
                 "budget_share": round(est.decode_s / plan.budget_s, 4) if plan.budget_s else None,
                 "projected_bytes": est.stored_bytes,
-                "compress_mbps": round(prof.bytes / est.compress_s / 1e6, 2)
+                "compress_mbps": round(prof.total_bytes / est.compress_s / 1e6, 2)
                 if est.compress_s
                 else None,
                 "sample_units": est.sample_units,
@@ -1029,7 +1031,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
         "budget_s": round(plan.budget_s, 6) if plan.budget_s is not None else None,
         "decode_s": round(sel.decode_s, 6),
         "files": plan.files,
-        "bytes": plan.bytes,
+        "bytes": plan.total_bytes,
         "projected_bytes": sel.stored_bytes,
         "settings": {
             "max_overhead": s.max_overhead,

@@ -45,7 +45,7 @@ import numpy as np
 import trio
 
 from fanfs import shared as sh
-from fanfs.cache import MinioCache
+from fanfs.cache import MinioCache, ObjectCache
 from fanfs.compression import CODEC_NONE
 from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
@@ -232,7 +232,7 @@ class Prefetcher:
 
     # -- hints -----------------------------------------------------------------------------
 
-    def set_hints(self, entries: list[int]) -> None:
+    def set_hints(self, entries: np.ndarray | list[int]) -> None:
         """A new upcoming order (replaces the previous one; -1 for unknown paths);
         prefetching starts at once."""
         order = np.asarray(entries, dtype=np.int64)
@@ -416,7 +416,8 @@ class CacheFiller:
         self, store: ChunkStore, notify: Callable[[int, int, Any], None] | None = None
     ) -> None:
         self.store = store
-        self.objects = store.objects
+        assert store.objects is not None, "the background fill needs an object cache"
+        self.objects: ObjectCache = store.objects
         assert isinstance(self.objects, MinioCache)
         self.notify = notify
         self._pushed_raw = 0

@@ -66,8 +66,9 @@ class HintedSampler:
             if channel is not None and position % self.every == 0:
                 try:
                     channel.progress(position)
-                except OSError as exc:
-                    channel = self._lost(exc)
+                except (OSError, FanfsError) as exc:
+                    self._lost(exc)
+                    channel = None
             yield index
 
     def _send(self, order: list[int]) -> HintChannel | None:
@@ -88,7 +89,7 @@ class HintedSampler:
                     )
             self._channel.send_indices(order)
         except (OSError, FanfsError) as exc:
-            return self._lost(exc)
+            self._lost(exc)
         return self._channel
 
     def _lost(self, exc: Exception) -> None:
@@ -98,7 +99,6 @@ class HintedSampler:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        return None
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers may receive a copy: the socket stays in the main process.

@@ -204,8 +204,8 @@ log "mpi4py $MPI4PY_VERSION passes a 2-rank mpirun (Open MPI ${ompi_version:-?})
 # 5. fanfs itself
 # --------------------------------------------------------------------------------------------
 [[ -f "$REPO/pyproject.toml" ]] || die "$REPO/pyproject.toml not found"
-log "installing fanfs (editable, with the test extra)"
-pip_ install -q -e "${REPO}[test]"
+log "installing fanfs (editable, with the test and dev extras)"
+pip_ install -q -e "${REPO}[test,dev]"
 
 has_patched_pyfuse3 || die "installing fanfs replaced the patched pyfuse3"
 mpi4py_installed || die "installing fanfs replaced mpi4py $MPI4PY_VERSION"

@@ -215,8 +215,7 @@ def _stage_broadcast(
         n for n in wanted if not _is_staged(os.path.join(stage_dir, partition_name(n)), parts[n])
     ]
     needed = transport.gather(missing)
-    todo = sorted(set().union(*needed)) if needed is not None else None
-    todo = transport.bcast(todo)
+    todo: list[int] = transport.bcast(sorted(set().union(*needed)) if needed is not None else None)
     for n in todo:
         part = parts[n]
         data, error = None, None
@@ -234,7 +233,6 @@ def _stage_broadcast(
             except OSError as exc:
                 error = ClusterInitError("reading %s failed: %s" % (partition_name(n), exc))
         _agree(transport, error)
-        data = transport.bcast_blob(data)
         dst = os.path.join(stage_dir, partition_name(n))
-        write_atomic(dst, data)
+        write_atomic(dst, transport.bcast_blob(data))
         write_atomic(dst + VERIFIED_SUFFIX, ("%08x\n" % part["crc32"]).encode())

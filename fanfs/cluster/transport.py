@@ -194,7 +194,7 @@ class Transport:
         return done
 
     def _answer(self, source: int, batch: list[Request], serve: Serve) -> Any:
-        replies = []
+        replies: list[tuple[int, bool, bytes | str]] = []
         for req_id, partition, offset, length in batch:
             try:
                 data = serve(partition, offset, length)

@@ -38,7 +38,7 @@ from fanfs.format.layout import (
 
 ROOT_ID: Final = 0
 # numpy dtype -> memoryview format for hot-path access (the host is little-endian, checked).
-_NATIVE: Final = {"<u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q", "<i8": "q"}
+_NATIVE: Final[dict[str, Any]] = {"<u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q", "<i8": "q"}
 
 
 def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
@@ -138,7 +138,7 @@ class Index:
             # Version 1 has no dictionaries: every chunk refers to none.
             self.arrays["dict"] = np.zeros(self.chunk_count, dtype="<u2")
             self.arrays["dicts"] = np.zeros(0, dtype="<u1")
-            views["dict"] = memoryview(self.arrays["dict"]).cast("B").cast("H")
+            views["dict"] = self.arrays["dict"].data.cast("B").cast("H")
         # Hot-path columns, bound once: attribute loads are cheaper than dict lookups.
         self.parent = views["parent"]
         self.name_off = views["name_off"]

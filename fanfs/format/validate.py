@@ -84,7 +84,7 @@ class _Schema:
             raise _fail(self.pack, "manifest lacks the field %s" % self._name(key))
         return self.obj[key]
 
-    def int(self, key: str, low: int = 0, high: int = _MAX_BYTES) -> int:
+    def integer(self, key: str, low: int = 0, high: int = _MAX_BYTES) -> int:
         value = self.get(key)
         # JSON true/false are ints to Python; a pack never has them where numbers belong.
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
@@ -95,7 +95,7 @@ class _Schema:
             )
         return value
 
-    def str(self, key: str) -> str:
+    def text(self, key: str) -> str:
         value = self.get(key)
         if not isinstance(value, str):
             raise _fail(
@@ -104,7 +104,7 @@ class _Schema:
             )
         return value
 
-    def bool(self, key: str) -> bool:
+    def flag(self, key: str) -> bool:
         value = self.get(key)
         if not isinstance(value, bool):
             raise _fail(
@@ -114,7 +114,7 @@ class _Schema:
             )
         return value
 
-    def list(self, key: str, high: int) -> list[Any]:
+    def items(self, key: str, high: int) -> list[Any]:
         value = self.get(key)
         if not isinstance(value, list) or len(value) > high:
             raise _fail(
@@ -133,13 +133,13 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
     from fanfs.format.layout import INDEX_NAME, index_columns, partition_name
 
     top = _Schema(pack, manifest, "")
-    top.str("created_by")
-    top.int("chunk_size", MIN_CHUNK_SIZE, MAX_CHUNK_SIZE)
+    top.text("created_by")
+    top.integer("chunk_size", MIN_CHUNK_SIZE, MAX_CHUNK_SIZE)
     options = top.sub("options")
-    options.str("codec")
-    options.int("partitions", 0, MAX_PARTITION_FILES)
-    options.int("chunk_size", 0, _MAX_BYTES)
-    for number, glob in enumerate(options.list("broadcast", 1 << 16)):
+    options.text("codec")
+    options.integer("partitions", 0, MAX_PARTITION_FILES)
+    options.integer("chunk_size", 0, _MAX_BYTES)
+    for number, glob in enumerate(options.items("broadcast", 1 << 16)):
         if not isinstance(glob, str):
             raise _fail(
                 pack,
@@ -148,26 +148,26 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
             )
     totals = top.sub("totals")
     for key in ("files", "dirs", "symlinks", "bytes_in", "bytes_out", "skipped"):
-        totals.int(key)
+        totals.integer(key)
     stats = top.sub("codec_stats")
     for name in stats.obj:
         row = stats.sub(name)
         for key in ("chunks", "bytes_in", "bytes_out"):
-            row.int(key)
+            row.integer(key)
 
     index = top.sub("index")
-    if index.str("file") != INDEX_NAME:
+    if index.text("file") != INDEX_NAME:
         raise _fail(
             pack,
             "manifest field index.file is %s, expected %r"
             % (_short(index.obj["file"]), INDEX_NAME),
         )
-    index.int("size")
-    index.int("crc32", 0, _U32)
-    index.int("entries", 1, _U32)
-    index.int("chunks", 0, _MAX_BYTES)
+    index.integer("size")
+    index.integer("crc32", 0, _U32)
+    index.integer("entries", 1, _U32)
+    index.integer("chunks", 0, _MAX_BYTES)
     expected = index_columns(version)
-    columns = index.list("columns", len(expected))
+    columns = index.items("columns", len(expected))
     if len(columns) != len(expected):
         raise _fail(
             pack,
@@ -176,21 +176,21 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
         )
     for number, ((name, dtype), raw) in enumerate(zip(expected, columns, strict=True)):
         column = _Schema(pack, raw, "index.columns[%d]" % number)
-        if column.str("name") != name or column.str("dtype") != dtype:
+        if column.text("name") != name or column.text("dtype") != dtype:
             raise _fail(
                 pack,
                 "manifest field index.columns[%d] is %s %s, expected %s %s"
                 % (number, _short(raw.get("name")), _short(raw.get("dtype")), name, dtype),
             )
-        column.int("offset")
-        column.int("length")
+        column.integer("offset")
+        column.integer("length")
 
-    parts = top.list("partitions", MAX_PARTITION_FILES)
+    parts = top.items("partitions", MAX_PARTITION_FILES)
     if not parts:
         raise _fail(pack, "manifest field partitions is empty")
     for number, raw in enumerate(parts):
         part = _Schema(pack, raw, "partitions[%d]" % number)
-        name = part.str("file")
+        name = part.text("file")
         if name != partition_name(number):
             # Never a path: the file of partition N is always part-NNNNN inside the pack.
             raise _fail(
@@ -198,21 +198,21 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
                 "manifest field partitions[%d].file is %s, expected %r"
                 % (number, _short(name), partition_name(number)),
             )
-        part.int("size")
-        part.int("crc32", 0, _U32)
-        part.int("chunks")
-        part.bool("broadcast")
+        part.integer("size")
+        part.integer("crc32", 0, _U32)
+        part.integer("chunks")
+        part.flag("broadcast")
 
     if version >= 2:
         from fanfs.compression import DICT_MAX_BYTES
 
-        for number, raw in enumerate(top.list("dictionaries", MAX_DICTIONARIES)):
+        for number, raw in enumerate(top.items("dictionaries", MAX_DICTIONARIES)):
             entry = _Schema(pack, raw, "dictionaries[%d]" % number)
-            entry.int("id", number + 1, number + 1)
-            entry.int("offset")
-            entry.int("size", 1, DICT_MAX_BYTES)
-            entry.int("crc32", 0, _U32)
-            entry.str("class")
+            entry.integer("id", number + 1, number + 1)
+            entry.integer("offset")
+            entry.integer("size", 1, DICT_MAX_BYTES)
+            entry.integer("crc32", 0, _U32)
+            entry.text("class")
         plan = top.get("plan")
         if plan is not None and not isinstance(plan, dict):
             raise _fail(
@@ -330,9 +330,11 @@ class _IndexCheck:
         if int(np.count_nonzero(claimed)) != len(owners):
             has_kids = np.zeros(n, dtype=bool)
             has_kids[owners] = True
-            d = _first_bad(claimed & ~has_kids)
-            assert d is not None
-            raise self.fail("count", d, "= %d, but no entry names it as parent" % count[d])
+            lonely = _first_bad(claimed & ~has_kids)
+            assert lonely is not None
+            raise self.fail(
+                "count", lonely, "= %d, but no entry names it as parent" % count[lonely]
+            )
         bad = _first_bad(self.is_dir & (count == 0) & (first != 0))
         if bad is not None:
             raise self.fail("first", bad, "= %d, expected 0 for an empty directory" % first[bad])
