@@ -1,0 +1,285 @@
+"""`ChunkStore` under trio, without a kernel or mpirun (the middle layer of issue 13): the
+races of the read path (many readers of one chunk, a reader cancelled while it loads, a
+peer that fails, a corrupt chunk seen by two serving processes) show up here in
+milliseconds instead of in a mount."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from fanfs import shared as sh
+from fanfs.errors import ChecksumError, KnownCorruptError, RemoteReadError
+from fanfs.format.layout import partition_name
+from fanfs.format.reader import PackReader
+from fanfs.shared import SharedState
+from fanfs.store import ChunkStore
+from tests.conftest import open_reader, run_fanfs
+from tests.treegen import label_text, write_tree
+
+CHUNK = 64 * 1024
+FILES = {"d%d/f%02d.bin" % (i % 2, i): label_text(3 * CHUNK + 1000, i) for i in range(8)}
+READERS = 16
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = write_tree(tmp_path_factory.mktemp("store") / "src", FILES)
+    out = src.parent / "p.fan"
+    result = run_fanfs("pack", src, out, "-q", "--partitions", "2", "--chunk-size", "64KiB")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def entry_of(reader: PackReader, rel: str) -> int:
+    entry = 0
+    for name in rel.encode().split(b"/"):
+        found = reader.index.lookup(entry, name)
+        assert found is not None, rel
+        entry = found
+    return entry
+
+
+def expected_chunk(rel: str, chunk_no: int) -> bytes:
+    return FILES[rel][chunk_no * CHUNK : (chunk_no + 1) * CHUNK]
+
+
+def make_store(reader: PackReader, shared: SharedState | None = None, **kw: object) -> ChunkStore:
+    shared = shared or SharedState(
+        processes=2, partitions=len(reader.partitions), chunks=reader.index.chunk_count
+    )
+    return ChunkStore(reader, shared, buffer_bytes=0, thread_limit=4, **kw)  # type: ignore[arg-type]
+
+
+def in_partition(reader: PackReader, number: int) -> tuple[str, int]:
+    """A file and a chunk number of it stored in partition `number`."""
+    for rel in FILES:
+        first = reader.index.first[entry_of(reader, rel)]
+        for k in range(4):
+            if reader.index.chunk_partition[first + k] == number:
+                return rel, k
+    raise AssertionError("no chunk in partition %d" % number)
+
+
+async def read_all(store: ChunkStore, entry: int, chunk_no: int, n: int) -> list[object]:
+    """`n` concurrent readers of one chunk: each gets bytes or the exception it raised."""
+    results: list[object] = [None] * n
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = bytes(await store.chunk(entry, chunk_no, whole=True))
+        except Exception as exc:
+            results[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    return results
+
+
+def test_concurrent_readers_of_one_chunk_share_one_load(pack: Path) -> None:
+    reader = open_reader(pack)
+    store = make_store(reader)
+    rel = "d1/f03.bin"
+    results = trio.run(read_all, store, entry_of(reader, rel), 1, READERS)
+    assert results == [expected_chunk(rel, 1)] * READERS
+    counters = store.shared.counters
+    assert counters[sh.CHUNK_READS] == READERS
+    assert counters[sh.THREAD_DECODES] == 1  # one pread and decode for all of them
+    assert counters[sh.BYTES_DECODED] == CHUNK
+
+
+class Peer:
+    """A ChunkSource standing in for the MPI path: answers from the pack's own partition
+    files once `release` is set, or fails with RemoteReadError while `failing`."""
+
+    def __init__(self, pack: Path) -> None:
+        self.pack = pack
+        self.calls = 0
+        self.failing = False
+        self.release = trio.Event()
+
+    async def fetch(self, partition: int, offset: int, length: int) -> bytes:
+        self.calls += 1
+        await self.release.wait()
+        if self.failing:
+            raise RemoteReadError("no owner of partition %d answered" % partition)
+        data = (self.pack / partition_name(partition)).read_bytes()
+        return data[offset : offset + length]
+
+
+def remote_setup(pack: Path) -> tuple[ChunkStore, Peer, int, str, int]:
+    """A store whose partition 1 lives on "another node": (store, peer, entry, rel, chunk
+    number) of a chunk there."""
+    reader = PackReader(str(pack), local={0})
+    peer = Peer(pack)
+    store = make_store(reader, remote=peer)
+    rel, k = in_partition(reader, 1)
+    return store, peer, entry_of(reader, rel), rel, k
+
+
+def test_remote_readers_share_one_fetch(pack: Path) -> None:
+    store, peer, entry, rel, k = remote_setup(pack)
+
+    async def main() -> list[object]:
+        async with trio.open_nursery() as nursery:
+            results: list[object] = []
+
+            async def readers() -> None:
+                results.extend(await read_all(store, entry, k, READERS))
+
+            nursery.start_soon(readers)
+            await trio.testing.wait_all_tasks_blocked()
+            assert peer.calls == 1  # everyone else joined the first fetch
+            peer.release.set()
+        return results
+
+    assert trio.run(main) == [expected_chunk(rel, k)] * READERS
+    assert peer.calls == 1
+    store.reader.close()
+
+
+def test_a_failed_remote_fetch_fails_its_readers_and_is_not_remembered(pack: Path) -> None:
+    store, peer, entry, rel, k = remote_setup(pack)
+    peer.failing = True
+    peer.release.set()
+    results = trio.run(read_all, store, entry, k, 4)
+    assert all(isinstance(r, RemoteReadError) for r in results), results
+    cid = store.index.first[entry] + k
+    assert {str(r) for r in results} == {
+        "%s (chunk %d, partition 1, offset %d): no owner of partition 1 answered"
+        % (rel, k, store.index.chunk_offset[cid])
+    }
+    assert peer.calls == 1
+    # Transient: the next read asks again, and gets the data once the peer answers.
+    peer.failing = False
+    assert trio.run(read_all, store, entry, k, 1) == [expected_chunk(rel, k)]
+    assert peer.calls == 2
+    assert store.shared.counters[sh.CORRUPT_CHUNKS] == 0
+    store.reader.close()
+
+
+def test_a_cancelled_loader_does_not_strand_the_readers_that_joined_it(pack: Path) -> None:
+    """The reader that started a fetch is interrupted (a signal, a FUSE INTERRUPT); the
+    readers waiting for its flight must load the chunk themselves, not hang or fail."""
+    store, peer, entry, rel, k = remote_setup(pack)
+
+    async def main() -> list[object]:
+        results: list[object] = []
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def owner() -> None:
+                with first:
+                    await store.chunk(entry, k, whole=True)
+
+            async def joiners() -> None:
+                results.extend(await read_all(store, entry, k, 3))
+
+            nursery.start_soon(owner)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(joiners)
+            await trio.testing.wait_all_tasks_blocked()
+            first.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            peer.release.set()
+        return results
+
+    assert trio.run(main) == [expected_chunk(rel, k)] * 3
+    assert peer.calls == 2  # the cancelled fetch, then one for the three joiners
+    store.reader.close()
+
+
+@pytest.fixture
+def damaged(pack: Path, tmp_path: Path) -> tuple[Path, int, str]:
+    """A copy of the pack with one stored byte of one chunk flipped: (pack, chunk id, rel)."""
+    copy = tmp_path / "damaged.fan"
+    shutil.copytree(pack, copy)
+    reader = PackReader(str(copy))
+    rel = "d0/f04.bin"
+    cid = reader.index.first[entry_of(reader, rel)] + 1
+    path = copy / partition_name(int(reader.index.chunk_partition[cid]))
+    offset = int(reader.index.chunk_offset[cid]) + int(reader.index.chunk_csize[cid]) // 2
+    reader.close()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return copy, cid, rel
+
+
+@pytest.mark.parametrize("preloaded", [False, True], ids=["pread", "preloaded"])
+def test_a_corrupt_chunk_fails_every_reader_and_is_loaded_once(
+    damaged: tuple[Path, int, str], preloaded: bool
+) -> None:
+    copy, cid, rel = damaged
+    reader = open_reader(copy)
+    shared = SharedState(
+        processes=2, partitions=len(reader.partitions), chunks=reader.index.chunk_count
+    )
+    if preloaded:
+        reader.reserve_memory(range(len(reader.partitions)))
+        make_store(reader, shared).preload(threading.Event())
+    store = make_store(reader, shared)
+    entry = entry_of(reader, rel)
+    results = trio.run(read_all, store, entry, 1, 4)
+    message = "checksum mismatch in %s (chunk 1, partition %d, offset %d)" % (
+        rel,
+        reader.index.chunk_partition[cid],
+        reader.index.chunk_offset[cid],
+    )
+    assert [type(r) for r in results] == [ChecksumError] * 4, results
+    assert {str(r) for r in results} == {message}
+    counters = shared.counters
+    decodes = counters[sh.THREAD_DECODES] + counters[sh.INLINE_DECODES]
+    assert counters[sh.CORRUPT_CHUNKS] == 1 and shared.is_broken(cid)
+    # Later reads fail at once from what was remembered: no new load.
+    again = trio.run(read_all, store, entry, 1, 2)
+    assert [str(r) for r in again] == [message] * 2
+    assert counters[sh.THREAD_DECODES] + counters[sh.INLINE_DECODES] == decodes
+    # Another serving process (its own store, the same shared state) fails without I/O.
+    other = make_store(reader, shared)
+    shared.use_slot(1)
+    (known,) = trio.run(read_all, other, entry, 1, 1)
+    assert isinstance(known, KnownCorruptError)
+    assert str(known) == "corrupt data in %s (chunk 1, partition %d, offset %d)" % (
+        rel,
+        reader.index.chunk_partition[cid],
+        reader.index.chunk_offset[cid],
+    )
+    assert shared.totals()["corrupt_chunks"] == 1
+    # The file's other chunks are unaffected.
+    assert trio.run(read_all, other, entry, 2, 1) == [expected_chunk(rel, 2)]
+
+
+def test_counters_do_not_depend_on_the_readers_interleaving(pack: Path) -> None:
+    """Every chunk of every file read by two groups of readers in opposite orders: each
+    chunk is decoded exactly once per store, and every reader gets the right bytes."""
+    reader = open_reader(pack)
+    store = make_store(reader)
+    work = [(rel, k) for rel in sorted(FILES) for k in range(4)]
+    got: dict[tuple[str, int, int], bytes] = {}
+
+    async def group(order: list[tuple[str, int]], tag: int) -> None:
+        for rel, k in order:
+            got[rel, k, tag] = bytes(await store.chunk(entry_of(reader, rel), k, whole=True))
+            await trio.lowlevel.checkpoint()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(group, work, 0)
+            nursery.start_soon(group, work[::-1], 1)
+
+    trio.run(main)
+    for (rel, k, _), data in got.items():
+        assert data == FILES[rel][k * CHUNK : (k + 1) * CHUNK]
+    assert len(got) == 2 * len(work)
+    # buffer_bytes=0: nothing is kept, so a chunk is decoded again only when the two groups
+    # did not overlap on it; never more than once per reader.
+    assert len(work) <= store.shared.counters[sh.THREAD_DECODES] <= 2 * len(work)
