@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from fanfs import xattrs
 from fanfs.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-XATTR: Final = "user.fanfs.hints"
+XATTR: Final = xattrs.HINTS
 MAX_LINE: Final = 64 * 1024
 MAX_CONNECTIONS: Final = 8  # hint connections served at once; more are refused
 RESOLVE_BATCH: Final = 8192  # paths resolved per worker-thread call

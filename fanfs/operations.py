@@ -29,6 +29,7 @@ import trio
 from pyfuse3 import FUSEError
 
 from fanfs import shared as sh
+from fanfs import xattrs
 from fanfs.errors import FanfsError, KnownCorruptError, MountClosingError
 from fanfs.format.layout import NAME_MAX
 from fanfs.logsetup import LOG_ONCE
@@ -43,20 +44,10 @@ log = logging.getLogger(__name__)
 CACHE_TIMEOUT_S: Final = 24 * 3600.0
 # st_blksize and f_bsize: large, so buffered readers and `cp` ask in big reads.
 BLOCK_SIZE: Final = 128 * 1024
-XATTR_PREFIX: Final = b"user.fanfs."
-FILE_XATTRS: Final = (
-    b"user.fanfs.codec",
-    b"user.fanfs.stored_size",
-    b"user.fanfs.chunks",
-    b"user.fanfs.partitions",
-)
-ROOT_XATTRS: Final = (
-    b"user.fanfs.stats",
-    b"user.fanfs.pack",
-    b"user.fanfs.pid",
-    b"user.fanfs.version",
-)
-HINTS_XATTR: Final = b"user.fanfs.hints"
+XATTR_PREFIX: Final = xattrs.PREFIX.encode()
+FILE_XATTRS: Final = xattrs.FILE
+ROOT_XATTRS: Final = xattrs.ROOT
+HINTS_XATTR: Final = xattrs.HINTS.encode()
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any, Final
 
+from fanfs import xattrs
 from fanfs._sizes import format_size
 from fanfs.errors import UsageError
 
@@ -54,7 +55,7 @@ ROWS: Final = (
 
 def read_stats(mountpoint: str) -> dict[str, Any]:
     try:
-        raw = os.getxattr(mountpoint, "user.fanfs.stats")
+        raw = os.getxattr(mountpoint, xattrs.STATS)
     except OSError as exc:
         raise UsageError("%s: not a fanfs mount (%s)" % (mountpoint, exc.strerror)) from exc
     stats: dict[str, Any] = json.loads(raw)

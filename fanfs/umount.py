@@ -17,6 +17,7 @@ import subprocess
 import time
 from typing import Final
 
+from fanfs import xattrs
 from fanfs.errors import MountSetupError, UsageError
 from fanfs.mountinfo import find_mount
 
@@ -60,11 +61,11 @@ def _ask_daemon(mountpoint: str) -> tuple[int | None, int | None] | None:
 
 def _query(mountpoint: str) -> tuple[int | None, int | None]:
     try:
-        pid: int | None = int(os.getxattr(mountpoint, "user.fanfs.pid"))
+        pid: int | None = int(os.getxattr(mountpoint, xattrs.PID))
     except (OSError, ValueError):
         pid = None
     try:
-        rank = json.loads(os.getxattr(mountpoint, "user.fanfs.stats")).get("rank")
+        rank = json.loads(os.getxattr(mountpoint, xattrs.STATS)).get("rank")
     except (OSError, ValueError, AttributeError):
         rank = None
     return pid, rank if isinstance(rank, int) else None
