@@ -511,10 +511,12 @@ class SystemSetup:
         }
 
 
-def fanfs_env() -> dict[str, str]:
-    """Environment for `python -m fanfs` that finds this checkout even when not installed."""
+def fanfs_env(tree: Path | None = None) -> dict[str, str]:
+    """Environment for `python -m fanfs` that finds this checkout (or the fanfs source tree
+    `tree`, an older revision to compare with) even when not installed."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    first = str(tree or REPO_ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, env.get("PYTHONPATH")]))
     return env
 
 
@@ -522,6 +524,7 @@ def fanfs_env() -> dict[str, str]:
 REQUIRED_PROGRAMS = {
     "native": (),
     "fanfs": ("fusermount3",),
+    "fanfs-base": ("fusermount3",),
     "squashfuse": ("mksquashfs", "squashfuse_ll", "fusermount3"),
 }
 
@@ -546,11 +549,15 @@ def setup_fanfs(
     fanfs_cmd: Sequence[str],
     pack_args: Sequence[str],
     mount_args: Sequence[str],
+    *,
+    name: str = "fanfs",
+    tree: Path | None = None,
 ) -> SystemSetup:
-    """`fanfs pack` the dataset, then `fanfs mount` it (returns once the mount is ready)."""
-    pack, log_path, env = workdir / "pack.fanfs", workdir / "fanfs.log", fanfs_env()
+    """`fanfs pack` the dataset, then `fanfs mount` it (returns once the mount is ready).
+    With `tree`, both run the fanfs code of that source tree (system `name`)."""
+    pack, log_path, env = workdir / ("pack.%s" % name), workdir / ("%s.log" % name), fanfs_env(tree)
     pack_cmd = [*fanfs_cmd, "pack", str(dataset.root), str(pack), "-q", *pack_args]
-    setup = _build_timed("fanfs", pack_cmd, pack, workdir / "mnt-fanfs", log_path, env)
+    setup = _build_timed(name, pack_cmd, pack, workdir / ("mnt-%s" % name), log_path, env)
     _mount_timed(
         setup,
         mounts,

@@ -53,7 +53,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as bl
 
-SYSTEMS = ("native", "fanfs", "squashfuse")
+SYSTEMS = ("native", "fanfs", "fanfs-base", "squashfuse")
+DEFAULT_SYSTEMS = ("native", "fanfs", "squashfuse")
 STYLES = ("buffered", "unbuffered")
 EPOCHS = ("cold", "warm")
 # The unbuffered reader's reused buffer: one read() returns a whole file below 1 MiB.
@@ -495,7 +496,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "the same --workdir, --files and --seed reuses its generated data)",
     )
     p.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="comma list of %s" % ", ".join(SYSTEMS)
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help="comma list of %s (default %s)" % (", ".join(SYSTEMS), ",".join(DEFAULT_SYSTEMS)),
+    )
+    p.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="a fanfs source tree (an older revision, e.g. a git worktree) that packs and "
+        "mounts the system fanfs-base, for before/after tables in one run",
     )
     p.add_argument(
         "--styles", default=",".join(STYLES), help="comma list of %s" % ", ".join(STYLES)
@@ -528,6 +537,10 @@ def _resolve_args(
         if not chosen or set(chosen) - set(allowed) or len(set(chosen)) != len(chosen):
             p.error("--%s takes a comma list of distinct %s" % (name, ", ".join(allowed)))
         setattr(args, name, chosen)
+    if ("fanfs-base" in args.systems) != (args.baseline_tree is not None):
+        p.error("--systems fanfs-base and --baseline-tree DIR go together")
+    if args.baseline_tree is not None and not (args.baseline_tree / "fanfs").is_dir():
+        p.error("--baseline-tree %s has no fanfs package" % args.baseline_tree)
     if args.readers < 1 or args.repeats < 1 or args.files < 1:
         p.error("--readers, --repeats and --files must be positive")
     args.command_line = shlex.join(
@@ -564,7 +577,7 @@ def prepare_systems(
     for name in args.systems:
         if name == "native":
             setups.append(bl.setup_native(dataset))
-        elif name == "fanfs":
+        elif name in ("fanfs", "fanfs-base"):
             setups.append(
                 bl.setup_fanfs(
                     dataset,
@@ -573,6 +586,8 @@ def prepare_systems(
                     shlex.split(args.fanfs_cmd),
                     shlex.split(args.pack_args),
                     shlex.split(args.mount_args),
+                    name=name,
+                    tree=args.baseline_tree if name == "fanfs-base" else None,
                 )
             )
         else:
