@@ -42,6 +42,17 @@ def mounts() -> list[MountEntry]:
     return entries
 
 
+def mounts_under(base: str, *, source: str | None = None) -> list[MountEntry]:
+    """Mounts at or under the directory `base` (from `source` only, if given), in order."""
+    prefix = os.path.abspath(base).rstrip("/") + "/"
+    return [
+        entry
+        for entry in mounts()
+        if (entry.mountpoint + "/").startswith(prefix)
+        and (source is None or entry.source == source)
+    ]
+
+
 def find_mount(path: str) -> MountEntry | None:
     """The mount whose mountpoint is exactly `path` (resolved without touching it), or None."""
     target = os.path.abspath(path)

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from fanfs.mountinfo import find_mount
+from fanfs.mountinfo import find_mount, mounts_under
 from tests.conftest import fuse_unavailable
 
 MPIRUN = "mpirun"
@@ -86,14 +86,7 @@ def mount_type(path: Path) -> str | None:
 
 def fanfs_test_mounts(base: Path) -> list[str]:
     """Mountpoints of fanfs-test mounts at or under `base`."""
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            source = fields[fields.index("-") + 2]
-            if source == TEST_FSNAME and (fields[4] + "/").startswith(str(base) + "/"):
-                found.append(fields[4])
-    return found
+    return [entry.mountpoint for entry in mounts_under(str(base), source=TEST_FSNAME)]
 
 
 def lazy_unmount(path: Path | str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from fanfs.format.reader import PackReader
-from fanfs.mountinfo import find_mount
+from fanfs.mountinfo import find_mount, mounts_under
 from tests.treegen import make_edge_tree
 
 FANFS = [sys.executable, "-m", "fanfs"]
@@ -216,15 +216,12 @@ def _is_dead(mountpoint: str) -> bool:
 def _sweep_stale_mounts(base: Path, *, only_dead: bool) -> None:
     """Unmount test mounts under `base` that a crashed run left behind. Other pytest sessions
     may be running: their live mounts are left alone (only_dead)."""
-    with open("/proc/self/mountinfo") as f:
-        entries = [line.split() for line in f]
-    for fields in entries:
-        mountpoint, source = fields[4], fields[fields.index("-") + 2]
-        if source != TEST_FSNAME or not mountpoint.startswith(str(base).rstrip("/") + "/"):
+    for entry in mounts_under(str(base), source=TEST_FSNAME):
+        if entry.mountpoint == str(base) or (only_dead and not _is_dead(entry.mountpoint)):
             continue
-        if only_dead and not _is_dead(mountpoint):
-            continue
-        subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
+        subprocess.run(
+            ["fusermount3", "-u", "-z", entry.mountpoint], check=False, capture_output=True
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -29,6 +29,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from fanfs import mountinfo as fanfs_mountinfo
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "results"
 # An ImageFolder-like tree: this many class directories.
@@ -308,18 +310,9 @@ def du_bytes(path: Path) -> int:
     return int(out.stdout.split()[0])
 
 
-def _unescape_mountinfo(field_: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    return field_.encode().decode("unicode_escape").encode("latin-1").decode(errors="replace")
-
-
 def mountinfo() -> dict[str, str]:
     """Mount point -> filesystem type, from /proc/self/mountinfo (not os.path.ismount)."""
-    points: dict[str, str] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        points[_unescape_mountinfo(before.split()[4])] = after.split()[0]
-    return points
+    return {entry.mountpoint: entry.fstype for entry in fanfs_mountinfo.mounts()}
 
 
 def wait_mounted(mnt: Path, deadline_s: float = MOUNT_DEADLINE_S) -> None:

@@ -16,6 +16,7 @@ import pytest
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.layout import FORMAT_VERSION
 from fanfs.format.reader import PackReader
+from fanfs.mountinfo import mounts
 from tests.conftest import TEST_CHUNK_SIZE, TEST_FSNAME, Mount, run_fanfs
 
 pytestmark = pytest.mark.fuse
@@ -147,8 +148,7 @@ def test_corrupt_chunk_fails_one_file(
 
 
 def _mountinfo_count(mnt: Path) -> int:
-    with open("/proc/self/mountinfo") as f:
-        return sum(1 for line in f if line.split()[4] == str(mnt))
+    return sum(1 for entry in mounts() if entry.mountpoint == str(mnt))
 
 
 def _processes_naming(path: Path, daemon: int | None = None) -> list[int]:
