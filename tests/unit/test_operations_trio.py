@@ -1,0 +1,188 @@
+"""`Operations` under trio, without a kernel (the middle layer of issue 13): what each FUSE
+request answers, the errno of every refusal, and READ at any offset and length compared
+byte for byte with the source (property-based), in milliseconds per case."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyfuse3
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fanfs import shared as sh
+from fanfs.format.layout import partition_name
+from fanfs.format.reader import PackReader
+from fanfs.operations import Operations
+from fanfs.shared import SharedState
+from fanfs.store import ChunkStore
+from tests.conftest import run_fanfs
+from tests.treegen import label_text, write_tree
+
+CHUNK = 4096
+FILES = {
+    "empty.bin": b"",
+    "one.txt": b"x",
+    "exact.bin": label_text(CHUNK, 1),
+    "three.bin": label_text(3 * CHUNK + 17, 2),
+    "dir/nested/deep.txt": label_text(2 * CHUNK - 1, 3),
+}
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = write_tree(tmp_path_factory.mktemp("ops") / "src", FILES)
+    out = src.parent / "p.fan"
+    result = run_fanfs("pack", src, out, "-q", "--chunk-size", "4KiB")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def make_ops(pack: Path, *, noopen: bool = False) -> Operations:
+    reader = PackReader(str(pack))
+    shared = SharedState(
+        processes=1, partitions=len(reader.partitions), chunks=reader.index.chunk_count
+    )
+    store = ChunkStore(reader, shared, buffer_bytes=1 << 20, thread_limit=2)
+    return Operations(store, noopen=noopen, info={"bytes_in": 0, "pack": str(pack)})
+
+
+@pytest.fixture(scope="module")
+def ops(pack: Path) -> Iterator[Operations]:
+    operations = make_ops(pack)
+    yield operations
+    operations.store.reader.close()
+
+
+def inode_of(ops: Operations, rel: str) -> int:
+    async def walk() -> int:
+        inode = pyfuse3.ROOT_INODE
+        for name in rel.encode().split(b"/"):
+            attr = await ops.lookup(inode, name)
+            assert attr.st_ino, rel
+            inode = attr.st_ino
+        return inode
+
+    return trio.run(walk)
+
+
+def errno_of(coro_fn: object, *args: object) -> int:
+    async def call() -> int:
+        try:
+            await coro_fn(*args)  # type: ignore[operator]
+        except pyfuse3.FUSEError as exc:
+            return exc.errno
+        return 0
+
+    return trio.run(call)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rel=st.sampled_from(sorted(FILES)),
+    off=st.integers(0, 4 * CHUNK),
+    size=st.integers(0, 4 * CHUNK),
+)
+def test_read_returns_the_source_bytes_at_any_offset_and_length(
+    ops: Operations, rel: str, off: int, size: int
+) -> None:
+    inode = inode_of(ops, rel)
+    got = trio.run(ops.read, inode, off, size)
+    assert bytes(got) == FILES[rel][off : off + size]
+
+
+def test_getattr_reports_the_source_sizes(ops: Operations) -> None:
+    for rel, data in FILES.items():
+        attr = trio.run(ops.getattr, inode_of(ops, rel))
+        assert attr.st_size == len(data), rel
+
+
+def test_a_missing_name_is_a_cached_negative_entry(ops: Operations) -> None:
+    attr = trio.run(ops.lookup, pyfuse3.ROOT_INODE, b"nope")
+    assert attr.st_ino == 0 and attr.entry_timeout > 0
+
+
+@pytest.mark.parametrize(
+    ("request_name", "args", "expected"),
+    [
+        ("lookup", (pyfuse3.ROOT_INODE, b"n" * 256), errno.ENAMETOOLONG),
+        ("lookup", ("one.txt", b"x"), errno.ENOTDIR),
+        ("getattr", (10_000,), errno.ENOENT),
+        ("readlink", ("one.txt",), errno.EINVAL),
+        ("opendir", ("one.txt",), errno.ENOTDIR),
+        ("open", ("one.txt", os.O_WRONLY), errno.EROFS),
+        ("open", ("one.txt", os.O_RDONLY | os.O_TRUNC), errno.EROFS),
+        ("open", ("one.txt", os.O_RDWR), errno.EROFS),
+        ("open", ("dir", os.O_RDONLY), errno.EISDIR),
+        ("getxattr", ("one.txt", b"user.other"), pyfuse3.ENOATTR),
+        ("flush", (1,), errno.ENOSYS),
+    ],
+)
+def test_every_refusal_has_its_errno(
+    ops: Operations, request_name: str, args: tuple[object, ...], expected: int
+) -> None:
+    resolved = [inode_of(ops, a) if isinstance(a, str) else a for a in args]
+    assert errno_of(getattr(ops, request_name), *resolved) == expected
+
+
+def test_no_open_mode_answers_enosys_to_open(pack: Path) -> None:
+    ops = make_ops(pack, noopen=True)
+    assert errno_of(ops.open, inode_of(ops, "one.txt"), os.O_RDONLY) == errno.ENOSYS
+    ops.store.reader.close()
+
+
+def test_a_corrupt_chunk_is_eio_and_counted_and_the_rest_reads(pack: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.fan"
+    shutil.copytree(pack, copy)
+    ops = make_ops(copy)
+    inode = inode_of(ops, "three.bin")
+    cid = ops.index.first[inode - 1] + 1
+    path = copy / partition_name(int(ops.index.chunk_partition[cid]))
+    offset = int(ops.index.chunk_offset[cid])
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        first = f.read(1)
+        f.seek(offset)
+        f.write(bytes([first[0] ^ 1]))
+    assert errno_of(ops.read, inode, CHUNK, CHUNK) == errno.EIO
+    assert errno_of(ops.read, inode, CHUNK + 5, 10) == errno.EIO  # remembered: no new decode
+    totals = ops.shared.totals()
+    assert (totals["data_errors"], totals["corrupt_chunks"], totals["internal_errors"]) == (2, 1, 0)
+    # Chunks 0 and 2 of the same file, and other files, still read.
+    assert bytes(trio.run(ops.read, inode, 0, CHUNK)) == FILES["three.bin"][:CHUNK]
+    assert (
+        bytes(trio.run(ops.read, inode, 2 * CHUNK, CHUNK))
+        == FILES["three.bin"][2 * CHUNK : 3 * CHUNK]
+    )
+    assert bytes(trio.run(ops.read, inode_of(ops, "one.txt"), 0, 10)) == b"x"
+    ops.store.reader.close()
+
+
+def test_an_unexpected_exception_is_eio_counted_and_logged_once(
+    pack: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ops = make_ops(pack)
+    inode = inode_of(ops, "three.bin")
+
+    async def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ops.store, "chunk", broken)
+    monkeypatch.setattr(logging.getLogger("fanfs"), "propagate", True)  # to caplog
+    with caplog.at_level("ERROR", logger="fanfs"):
+        assert errno_of(ops.read, inode, 0, 10) == errno.EIO
+        assert errno_of(ops.read, inode, 0, 10) == errno.EIO
+    assert ops.shared.counters[sh.INTERNAL_ERRORS] == 2
+    bugs = [r for r in caplog.records if r.getMessage().startswith("internal error in read")]
+    assert len(bugs) == 1  # once per request kind and exception type
+    assert ops.logged_bugs == {("read", RuntimeError)}
+    ops.store.reader.close()
