@@ -358,7 +358,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from fanfs.plan import run_plan
+    from fanfs.pack import run_plan
 
     return run_plan(args)
 

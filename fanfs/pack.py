@@ -10,8 +10,10 @@ imports trio, pyfuse3 or mpi4py."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import concurrent.futures
+import json
 import logging
 import math
 import os
@@ -28,12 +30,13 @@ import numpy as np
 
 from fanfs import __version__
 from fanfs._progress import Progress
-from fanfs._sizes import format_size
+from fanfs._sizes import format_size, parse_size
 from fanfs.compression import CodecSpec, chunk_codec_name, compress_object
 from fanfs.errors import PackInputError, UsageError
 from fanfs.format.layout import MANIFEST_NAME, NAME_MAX, bind_chunk_crc
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import FileRef, Plan, PlanSettings, class_of, make_plan, plan_record
+from fanfs.plan import plan_table, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -526,8 +529,6 @@ def _row(name: str, chunks: int, b_in: int, b_out: int) -> str:
 
 
 def run_pack(opts: PackOptions) -> dict[str, Any]:
-    from fanfs.plan import plan_table
-
     check_inputs(opts)
     try:
         manifest = Packer(opts).run()
@@ -545,3 +546,16 @@ def run_pack(opts: PackOptions) -> dict[str, Any]:
         )
         print(summary_table(manifest))
     return manifest
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """`fanfs plan SRC`: walk SRC as `fanfs pack` would, then print the plan."""
+    settings = settings_from_args(args)
+    chunk_size = parse_size(args.chunk_size)
+    files = walk_tree(args.src, skip_unreadable=args.skip_unreadable)
+    plan: Plan = make_plan(files, settings, chunk_size=chunk_size)
+    record = plan_record(plan)
+    print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
+    if not plan.selection.feasible:
+        raise UsageError(plan.selection.problem)
+    return 0

@@ -1,5 +1,6 @@
-"""`fanfs plan SRC`: profile a dataset and print the codec plan `fanfs pack --codec auto` would
-use; also the option parsing and the plan table shared with `pack` and `inspect`.
+"""The codec plan's presentation: option parsing into `PlanSettings` and the plan tables
+shared by `fanfs plan` (`pack.run_plan`, which walks the tree as `pack` does), `fanfs pack`
+and `fanfs inspect`. Imports nothing above the optimizer.
 
 Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.py).
 """
@@ -7,7 +8,6 @@ Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.p
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from typing import Any, Final
 
@@ -15,12 +15,9 @@ from fanfs._sizes import format_size, parse_size
 from fanfs.errors import UsageError
 from fanfs.optimizer import (
     DEFAULT_CODECS,
-    Plan,
     PlanSettings,
     ReadModel,
-    make_plan,
     parse_candidates,
-    plan_record,
 )
 
 _RATE_RE: Final = re.compile(r"^\s*([0-9.]+)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
@@ -253,17 +250,3 @@ def realised_table(record: dict[str, Any]) -> str:
             )
         )
     return "\n".join(lines)
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    from fanfs.pack import walk_tree
-
-    settings = settings_from_args(args)
-    chunk_size = parse_size(args.chunk_size)
-    files = walk_tree(args.src, skip_unreadable=args.skip_unreadable)
-    plan: Plan = make_plan(files, settings, chunk_size=chunk_size)
-    record = plan_record(plan)
-    print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
-    if not plan.selection.feasible:
-        raise UsageError(plan.selection.problem)
-    return 0

@@ -118,8 +118,8 @@ def _listing(root: Path) -> tuple[set[str], list[str]]:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
-    from fanfs.format.layout import read_manifest
     from fanfs.format.reader import PackReader
+    from fanfs.format.validate import read_manifest
 
     base = tmp_path_factory.mktemp("cluster")
     src, pack = base / "src", base / "pack"

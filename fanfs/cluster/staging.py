@@ -26,9 +26,9 @@ from fanfs.format.layout import (
     MANIFEST_NAME,
     open_pack_file,
     partition_name,
-    read_manifest,
 )
 from fanfs.format.reader import PackReader
+from fanfs.format.validate import read_manifest
 from fanfs.runtime import create_new, private_dir, write_atomic
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,7 @@ import struct
 import zlib
 from typing import Any, Final
 
-from fanfs.errors import PackFormatError, PackVersionError, UsageError
-from fanfs.format.validate import check_manifest
+from fanfs.errors import PackFormatError, UsageError
 
 MAGIC: Final = b"FANFSPK\n"
 # Version written. Version 2 added zstd dictionaries (the index's `dicts` blob, the chunk
@@ -34,7 +33,9 @@ FORMAT_VERSION: Final = 4
 READABLE_VERSIONS: Final = (1, 2, 3, 4)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
-_HEADER: Final = struct.Struct("<8sIII")  # magic, format version, JSON length, crc32 of JSON
+MANIFEST_HEADER: Final = struct.Struct(
+    "<8sIII"
+)  # magic, format version, JSON length, crc32 of JSON
 # Largest manifest we accept: a 4096-partition pack's manifest is about 0.5 MiB, and 65535
 # dictionaries' descriptors about 7 MiB.
 MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024
@@ -130,51 +131,7 @@ def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     """Serialise a manifest canonically (sorted keys, no whitespace), header first."""
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
-
-
-def read_manifest(pack_dir: str) -> dict[str, Any]:
-    """Read `pack_dir/fanfs.manifest` and check it against its schema (format/validate.py);
-    raises PackFormatError/PackVersionError."""
-    if not os.path.isdir(pack_dir):
-        raise PackFormatError("%s: not a fanfs pack (no such directory)" % pack_dir)
-    if not os.path.lexists(os.path.join(pack_dir, MANIFEST_NAME)):
-        raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME))
-    fd = open_pack_file(pack_dir, MANIFEST_NAME, "manifest")
-    try:
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + _HEADER.size)
-    except OSError as exc:
-        raise PackFormatError("%s: cannot read manifest: %s" % (pack_dir, exc.strerror)) from exc
-    if raw[: len(MAGIC)] != MAGIC[: len(raw)] or not raw:
-        raise PackFormatError("%s: not a fanfs pack (bad magic in %s)" % (pack_dir, MANIFEST_NAME))
-    if len(raw) < _HEADER.size:
-        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
-    _, version, length, crc = _HEADER.unpack_from(raw)
-    if version not in READABLE_VERSIONS:
-        raise PackVersionError(
-            "%s: pack format version %d is not supported (this fanfs reads version %d)"
-            % (pack_dir, version, FORMAT_VERSION)
-        )
-    body = raw[_HEADER.size :]
-    if len(body) != length or zlib.crc32(body) != crc:
-        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
-    if body.count(b"{") + body.count(b"[") > MAX_MANIFEST_CONTAINERS:
-        raise PackFormatError(
-            "%s: manifest has more than %d JSON objects and arrays"
-            % (pack_dir, MAX_MANIFEST_CONTAINERS)
-        )
-    try:
-        manifest: dict[str, Any] = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        # RecursionError: nesting deeper than the interpreter's stack (a hostile manifest).
-        raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
-    if not isinstance(manifest, dict) or manifest.get("format_version") != version:
-        raise PackFormatError(
-            "%s: manifest does not match its header's format version %d" % (pack_dir, version)
-        )
-    check_manifest(pack_dir, manifest, version)
-    return manifest
+    return MANIFEST_HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
 
 
 def raise_open_file_limit(needed: int) -> None:

@@ -29,8 +29,8 @@ from typing import Any, Final
 
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
-from fanfs.format.layout import open_pack_file, partition_name, raise_open_file_limit, read_manifest
-from fanfs.format.validate import check_index
+from fanfs.format.layout import open_pack_file, partition_name, raise_open_file_limit
+from fanfs.format.validate import check_index, read_manifest
 
 # Reads of whole partitions (verify, preload) go in slices this large.
 SCAN_BYTES: Final = 4 * 1024 * 1024

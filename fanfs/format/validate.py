@@ -28,13 +28,29 @@ Each failure raises `PackFormatError` with one line naming the field and the fir
 
 from __future__ import annotations
 
+import json
+import os
 import stat
+import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
 
-from fanfs.errors import PackFormatError
+from fanfs.errors import PackFormatError, PackVersionError
+from fanfs.format.layout import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MAGIC,
+    MANIFEST_HEADER,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_CONTAINERS,
+    READABLE_VERSIONS,
+    index_columns,
+    open_pack_file,
+    partition_name,
+)
 
 # Chunk sizes a pack may declare (`fanfs pack --chunk-size`): 4 KiB to 64 MiB.
 MIN_CHUNK_SIZE: Final = 4 * 1024
@@ -130,8 +146,6 @@ class _Schema:
 
 def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
     """Check every manifest field a reader, `inspect` or staging uses (docs/format.md §2)."""
-    from fanfs.format.layout import INDEX_NAME, index_columns, partition_name
-
     top = _Schema(pack, manifest, "")
     top.text("created_by")
     top.integer("chunk_size", MIN_CHUNK_SIZE, MAX_CHUNK_SIZE)
@@ -547,3 +561,47 @@ def check_index(
         dictionaries=dictionaries,
         version=version,
     ).run()
+
+
+def read_manifest(pack_dir: str) -> dict[str, Any]:
+    """Read `pack_dir/fanfs.manifest` and check it against its schema (`check_manifest`);
+    raises PackFormatError/PackVersionError."""
+    if not os.path.isdir(pack_dir):
+        raise PackFormatError("%s: not a fanfs pack (no such directory)" % pack_dir)
+    if not os.path.lexists(os.path.join(pack_dir, MANIFEST_NAME)):
+        raise PackFormatError("%s: not a fanfs pack (no %s)" % (pack_dir, MANIFEST_NAME))
+    fd = open_pack_file(pack_dir, MANIFEST_NAME, "manifest")
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + MANIFEST_HEADER.size)
+    except OSError as exc:
+        raise PackFormatError("%s: cannot read manifest: %s" % (pack_dir, exc.strerror)) from exc
+    if raw[: len(MAGIC)] != MAGIC[: len(raw)] or not raw:
+        raise PackFormatError("%s: not a fanfs pack (bad magic in %s)" % (pack_dir, MANIFEST_NAME))
+    if len(raw) < MANIFEST_HEADER.size:
+        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
+    _, version, length, crc = MANIFEST_HEADER.unpack_from(raw)
+    if version not in READABLE_VERSIONS:
+        raise PackVersionError(
+            "%s: pack format version %d is not supported (this fanfs reads version %d)"
+            % (pack_dir, version, FORMAT_VERSION)
+        )
+    body = raw[MANIFEST_HEADER.size :]
+    if len(body) != length or zlib.crc32(body) != crc:
+        raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
+    if body.count(b"{") + body.count(b"[") > MAX_MANIFEST_CONTAINERS:
+        raise PackFormatError(
+            "%s: manifest has more than %d JSON objects and arrays"
+            % (pack_dir, MAX_MANIFEST_CONTAINERS)
+        )
+    try:
+        manifest: dict[str, Any] = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the interpreter's stack (a hostile manifest).
+        raise PackFormatError("%s: manifest is not valid JSON: %s" % (pack_dir, exc)) from exc
+    if not isinstance(manifest, dict) or manifest.get("format_version") != version:
+        raise PackFormatError(
+            "%s: manifest does not match its header's format version %d" % (pack_dir, version)
+        )
+    check_manifest(pack_dir, manifest, version)
+    return manifest

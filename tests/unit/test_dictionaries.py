@@ -225,7 +225,8 @@ def test_inspect_shows_plan_and_realised_ratio(auto_pack: tuple[Path, Path]) -> 
 def test_damaged_dictionary_is_refused(auto_pack: tuple[Path, Path], tmp_path: Path) -> None:
     import shutil
 
-    from fanfs.format.layout import encode_manifest, read_manifest
+    from fanfs.format.layout import encode_manifest
+    from fanfs.format.validate import read_manifest
 
     copy = tmp_path / "copy.fan"
     shutil.copytree(auto_pack[1], copy)

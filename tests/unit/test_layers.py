@@ -83,3 +83,45 @@ def test_pack_command_loads_no_fuse_mpi_or_trio(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert out.strip() == "0 []"
+
+
+def _fanfs_imports(path: Path) -> set[str]:
+    """The fanfs modules `path` imports, at the top or lazily inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fanfs"):
+            found.add(node.module)
+            found.update("%s.%s" % (node.module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("fanfs"))
+    return found
+
+
+# Import cycles still to break (issue 13): a cluster launch goes mount -> node -> mount.serve.
+KNOWN_CYCLES = {frozenset({"fanfs.mount", "fanfs.cluster.node"})}
+
+
+def test_no_import_cycles_beyond_the_known_ones() -> None:
+    modules = {
+        "fanfs." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    modules = {name.removesuffix(".__init__"): p for name, p in modules.items()}
+    graph = {name: _fanfs_imports(p) & modules.keys() - {name} for name, p in modules.items()}
+    cycles = set()
+    for a, targets in graph.items():
+        for b in targets:
+            if a in _reachable(graph, b):
+                cycles.add(frozenset({a, b}))
+    assert cycles == KNOWN_CYCLES
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        for nxt in graph.get(name, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
