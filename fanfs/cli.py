@@ -289,13 +289,26 @@ def _add_small(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_cmd_wait)
     p = sub.add_parser("stats", help="show a running mount's counters", epilog=EXIT_CODES)
     p.add_argument("mountpoint")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print the Prometheus text exposition format (metrics fanfs_*)",
+    )
     p.add_argument(
         "--watch",
         type=float,
         default=None,
         metavar="SECONDS",
         help="print again every SECONDS (with rates) until interrupted",
+    )
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help="with --prometheus or --json: replace FILE (atomically) instead of printing, e.g. "
+        "a .prom file in node_exporter's textfile directory; with --watch, every SECONDS; "
+        "removed when the mount goes away",
     )
     p.set_defaults(func=_cmd_stats)
     p = sub.add_parser("inspect", help="summarise a pack", epilog=EXIT_CODES)
@@ -394,7 +407,15 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
     if args.watch is not None and args.watch <= 0:
         raise UsageError("--watch must be a positive number of seconds")
-    return run_stats(args.mountpoint, as_json=args.json, watch=args.watch)
+    if args.output is not None and not (args.json or args.prometheus):
+        raise UsageError("--output needs --prometheus or --json")
+    return run_stats(
+        args.mountpoint,
+        as_json=args.json,
+        watch=args.watch,
+        prometheus=args.prometheus,
+        output=args.output,
+    )
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from pyfuse3 import FUSEError
 
 from fanfs import shared as sh
 from fanfs import xattrs
+from fanfs._memory import process_tree_memory
 from fanfs.errors import FanfsError, KnownCorruptError, MountClosingError
 from fanfs.format.layout import NAME_MAX
 from fanfs.logsetup import LOG_ONCE
@@ -132,6 +133,7 @@ class Operations(pyfuse3.Operations):
         stats = dict(self.info)
         stats.update(self.shared.totals())
         stats.update(self.store.statistics())
+        stats.update(process_tree_memory(self.main_pid))
         if self.extra_stats is not None:
             stats.update(self.extra_stats())
         return stats

@@ -1,4 +1,6 @@
-"""`fanfs stats MOUNTPOINT`: the running daemon's counters, as a table or JSON.
+"""`fanfs stats MOUNTPOINT`: the running daemon's counters, as a table, JSON, or the
+Prometheus text exposition format (for node_exporter's textfile collector, or any scraper
+that reads a file or stdout).
 
 Reads the root xattr `user.fanfs.stats` (outside the dataset namespace), so it works for any
 fanfs mount the caller can read, single-node or one rank of a cluster. Never imports pyfuse3.
@@ -6,6 +8,7 @@ fanfs mount the caller can read, single-node or one rank of a cluster. Never imp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -129,16 +132,113 @@ def format_table(
     return "\n".join(lines)
 
 
-def run_stats(mountpoint: str, *, as_json: bool, watch: float | None) -> int:
+# Gauges of the exposition: (stats key, metric name without the prefix, help).
+GAUGES: Final = (
+    ("cache_bytes", "object_cache_bytes", "Bytes held by the object cache."),
+    ("cache_budget", "object_cache_budget_bytes", "The object cache's budget."),
+    ("cache_objects", "object_cache_objects", "Chunks held by the object cache."),
+    ("buffer_bytes", "readahead_buffer_bytes", "Bytes in this process's read-ahead buffer."),
+    ("buffer_budget", "readahead_buffer_budget_bytes", "The read-ahead buffer's budget."),
+    ("resident_partitions", "resident_partitions", "Partitions preloaded into memory."),
+    ("partitions", "partitions", "Partitions of the pack."),
+    ("processes", "serving_processes", "Processes serving the mount."),
+    ("memory_rss_bytes", "memory_rss_bytes", "Resident memory of the mount's processes."),
+    ("memory_pss_bytes", "memory_pss_bytes", "Proportional memory of the mount's processes."),
+    ("files", "files", "Regular files in the pack."),
+    ("bytes_in", "dataset_bytes", "Bytes of the files in the pack, uncompressed."),
+)
+PROMETHEUS_PREFIX: Final = "fanfs_"
+
+
+def _metric_name(key: str, kind: str) -> str:
+    if kind == "ns":
+        return PROMETHEUS_PREFIX + key.removesuffix("_ns") + "_seconds_total"
+    return PROMETHEUS_PREFIX + key + "_total"
+
+
+def _label_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return "%d" % value if float(value).is_integer() else repr(float(value))
+
+
+def format_prometheus(stats: dict[str, Any]) -> str:
+    """The counters and gauges of one mount in the Prometheus text exposition format 0.0.4,
+    labelled with the mountpoint (and the rank in cluster mode)."""
+    labels = 'mountpoint="%s"' % _label_value(str(stats.get("mountpoint", "")))
+    if "rank" in stats:
+        labels += ',rank="%d"' % stats["rank"]
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, value: float) -> None:
+        lines.append("# HELP %s %s" % (name, help_text))
+        lines.append("# TYPE %s %s" % (name, kind))
+        lines.append("%s{%s} %s" % (name, labels, _number(value)))
+
+    for key, label, kind in ROWS:
+        if key in stats:
+            value = stats[key] / 1e9 if kind == "ns" else stats[key]
+            metric(_metric_name(key, kind), "counter", label[0].upper() + label[1:] + ".", value)
+    for key, name, help_text in GAUGES:
+        if isinstance(stats.get(key), int | float) and not isinstance(stats.get(key), bool):
+            metric(PROMETHEUS_PREFIX + name, "gauge", help_text, stats[key])
+    served = stats.get("read_bytes", 0)
+    metric(
+        PROMETHEUS_PREFIX + "decode_amplification",
+        "gauge",
+        "Bytes decoded per byte served (0 before the first read).",
+        stats.get("bytes_decoded", 0) / served if served else 0.0,
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace `path` with `text` by a rename, so a scraper never reads half a file."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_stats(
+    mountpoint: str,
+    *,
+    as_json: bool,
+    watch: float | None,
+    prometheus: bool = False,
+    output: str | None = None,
+) -> int:
+    def render(current: dict[str, Any], previous: dict[str, Any] | None) -> str:
+        if prometheus:
+            return format_prometheus(current)
+        if as_json:
+            return json.dumps(current, indent=None if watch else 2, sort_keys=True)
+        return format_table(current, previous, watch or 0.0) + ("\n" if previous else "")
+
+    def emit(text: str) -> None:
+        if output is None:
+            print(text, end="" if prometheus else "\n", flush=True)
+        else:
+            try:
+                write_atomically(output, text)
+            except OSError as exc:
+                raise UsageError("cannot write %s: %s" % (output, exc.strerror)) from exc
+
     stats = read_stats(mountpoint)
+    if watch is None or output is not None:
+        emit(render(stats, None))
     if watch is None:
-        print(json.dumps(stats, indent=2, sort_keys=True) if as_json else format_table(stats))
         return 0
     while True:
         time.sleep(watch)
-        current = read_stats(mountpoint)
-        if as_json:
-            print(json.dumps(current, sort_keys=True), flush=True)
-        else:
-            print(format_table(current, stats, watch) + "\n", flush=True)
+        try:
+            current = read_stats(mountpoint)
+        except UsageError:
+            if output is not None:  # no stale numbers for a mount that is gone
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(output)
+            raise
+        emit(render(current, stats))
         stats = current

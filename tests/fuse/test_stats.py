@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Mount, run_fanfs
+from tests.conftest import FANFS, Mount, run_fanfs
 
 pytestmark = pytest.mark.fuse
 
@@ -42,3 +46,97 @@ def test_stats_table_and_errors(edge_pack: Path, mount_factory: object, tmp_path
         2,
         "fanfs stats: error: --watch must be a positive number of seconds",
     )
+
+
+# --- the Prometheus exposition (issue 13) -----------------------------------------------------
+
+
+def families(text: str) -> dict[str, Any]:
+    """Parse with the Prometheus client's own parser (it raises on a malformed exposition)."""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def only_sample(family: Any) -> Any:
+    (sample,) = family.samples
+    return sample
+
+
+def test_prometheus_exposition_parses_and_matches_the_json(
+    edge_tree: Path, edge_pack: Path, mount_factory: object
+) -> None:
+    mount: Mount = mount_factory(edge_pack)  # type: ignore[operator]
+    assert (mount.mnt / "sizes" / "text_196625").read_bytes() == (
+        edge_tree / "sizes" / "text_196625"
+    ).read_bytes()
+    result = run_fanfs("stats", "--prometheus", mount.mnt)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(run_fanfs("stats", "--json", mount.mnt).stdout)
+    parsed = families(result.stdout)
+    # Counters: the client strips `_total` from the family name.
+    reads = parsed["fanfs_reads"]
+    assert reads.type == "counter"
+    assert only_sample(reads).labels == {"mountpoint": str(mount.mnt)}
+    assert only_sample(parsed["fanfs_read_bytes"]).value == stats["read_bytes"] > 0
+    assert only_sample(parsed["fanfs_data_errors"]).value == 0
+    stall = only_sample(parsed["fanfs_read_seconds"]).value
+    assert stall > 0 and stall <= stats["read_ns"] / 1e9 + 1
+    for name in ("fanfs_memory_pss_bytes", "fanfs_memory_rss_bytes", "fanfs_serving_processes"):
+        assert parsed[name].type == "gauge" and only_sample(parsed[name]).value > 0, name
+    assert only_sample(parsed["fanfs_serving_processes"]).value == stats["processes"]
+    amplification = only_sample(parsed["fanfs_decode_amplification"]).value
+    decoded = only_sample(parsed["fanfs_bytes_decoded"]).value
+    served = only_sample(parsed["fanfs_read_bytes"]).value
+    assert amplification == pytest.approx(decoded / served) and amplification >= 1.0
+
+
+def test_prometheus_textfile_is_rewritten_and_removed_with_the_mount(
+    edge_pack: Path, mount_factory: object, tmp_path: Path
+) -> None:
+    """node_exporter's textfile collector: a .prom file replaced atomically every interval,
+    and gone once the mount is (no stale numbers)."""
+    mount: Mount = mount_factory(edge_pack)  # type: ignore[operator]
+    out = tmp_path / "fanfs.prom"
+    cmd = [*FANFS, "stats", "--prometheus", "--output", str(out), "--watch", "0.2", str(mount.mnt)]
+    watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = families(out.read_text())
+        before = only_sample(first["fanfs_reads"]).value
+        (mount.mnt / "sizes" / "text_196625").read_bytes()
+        while time.monotonic() < deadline:
+            if only_sample(families(out.read_text())["fanfs_reads"]).value > before:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the textfile never showed the new reads")
+        mount.unmount()
+        assert watcher.wait(20) == 2
+        assert watcher.stderr is not None
+        assert watcher.stderr.read().startswith(
+            "fanfs stats: error: %s: not a fanfs mount" % mount.mnt
+        )
+        assert not out.exists()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fanfs.prom")] == []
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--output", "x.prom"], "--output needs --prometheus or --json"),
+        (
+            ["--prometheus", "--output", "/nonexistent/dir/x.prom"],
+            "cannot write /nonexistent/dir/x.prom: No such file or directory",
+        ),
+    ],
+)
+def test_prometheus_output_errors(
+    edge_pack: Path, mount_factory: object, args: list[str], message: str
+) -> None:
+    mount: Mount = mount_factory(edge_pack)  # type: ignore[operator]
+    result = run_fanfs("stats", *args, mount.mnt)
+    assert (result.returncode, result.stderr) == (2, "fanfs stats: error: %s\n" % message)
