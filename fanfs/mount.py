@@ -32,7 +32,7 @@ from fanfs.cluster.topology import detect_launch
 from fanfs.errors import FanfsError, MountSetupError, UsageError
 from fanfs.format.reader import PackReader
 from fanfs.logsetup import setup_logging
-from fanfs.mountinfo import find_mount
+from fanfs.mountinfo import check_mountpoint
 from fanfs.runtime import runtime_dir
 from fanfs.shared import SharedState
 
@@ -122,24 +122,6 @@ def _preload_option(value: str) -> str:
     return str(parse_size(value))
 
 
-def check_mountpoint(path: str) -> None:
-    """Refuse a missing, non-directory, already mounted or non-empty mountpoint."""
-    if find_mount(path) is not None:
-        raise MountSetupError(
-            "%s is already a mount point (unmount it first: fanfs umount %s)" % (path, path)
-        )
-    try:
-        entries = os.listdir(path)
-    except FileNotFoundError:
-        raise MountSetupError("mountpoint %s does not exist" % path) from None
-    except NotADirectoryError:
-        raise MountSetupError("mountpoint %s is not a directory" % path) from None
-    except OSError as exc:
-        raise MountSetupError("cannot use mountpoint %s: %s" % (path, exc.strerror)) from exc
-    if entries:
-        raise MountSetupError("mountpoint %s is not empty" % path)
-
-
 def _import_pyfuse3() -> Any:
     try:
         import pyfuse3
@@ -186,7 +168,7 @@ def mount_from_args(args: argparse.Namespace) -> int:
 def _cluster_from_config(config: MountConfig, rank: int) -> int:
     """Cluster mode: always in the foreground (the launcher owns the process), one serving
     process, `{rank}` expanded in paths so ranks on one machine get their own."""
-    from fanfs.cluster.node import cluster_mount, expand_rank
+    from fanfs.cluster.node import cluster_start, expand_rank
 
     log_pattern = config.logfile or (
         os.path.join(config.cache_dir, "fanfs.log") if config.cache_dir else None
@@ -211,7 +193,9 @@ def _cluster_from_config(config: MountConfig, rank: int) -> int:
             print("fanfs mount: cluster mode; each rank logs to %s" % log_pattern, file=sys.stderr)
     setup_logging(debug=config.debug, logfile=config.logfile, prefix="rank %d: " % rank)
     pyfuse3 = _import_pyfuse3()
-    return cluster_mount(config, pyfuse3)
+    node = cluster_start(config)
+    assert node.reader is not None
+    return serve(node.reader, config, pyfuse3, on_ready=lambda: None, cluster=node)
 
 
 def _daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: str) -> int:

@@ -1,4 +1,5 @@
-"""Read /proc/self/mountinfo: which paths are mounted, and as what.
+"""Read /proc/self/mountinfo: which paths are mounted, and as what; and whether a path can
+become a mountpoint.
 
 `os.path.ismount` misreports dead FUSE mounts both ways (STYLE.md A8.1); this does not.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+
+from fanfs.errors import MountSetupError
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +83,21 @@ def wait_mounted(path: str, timeout_s: float) -> bool:
             return False
         time.sleep(min(step, max(0.0, deadline - time.monotonic())))
         step = min(step * 2, 1.0)
+
+
+def check_mountpoint(path: str) -> None:
+    """Refuse a missing, non-directory, already mounted or non-empty mountpoint."""
+    if find_mount(path) is not None:
+        raise MountSetupError(
+            "%s is already a mount point (unmount it first: fanfs umount %s)" % (path, path)
+        )
+    try:
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        raise MountSetupError("mountpoint %s does not exist" % path) from None
+    except NotADirectoryError:
+        raise MountSetupError("mountpoint %s is not a directory" % path) from None
+    except OSError as exc:
+        raise MountSetupError("cannot use mountpoint %s: %s" % (path, exc.strerror)) from exc
+    if entries:
+        raise MountSetupError("mountpoint %s is not empty" % path)

@@ -1,6 +1,6 @@
 """One node of a cluster mount: MPI start-up, staging, then the ordinary mount with remote reads.
 
-Every rank runs `cluster_mount` (under mpirun/srun, in the foreground). Start-up failures
+Every rank runs `cluster_start` (under mpirun/srun, in the foreground). Start-up failures
 are agreed on collectively, so one rank's bad mountpoint stops every rank with its message
 instead of leaving the others waiting in a collective.
 """
@@ -18,6 +18,7 @@ from fanfs.cluster.remote import RemoteSource
 from fanfs.cluster.staging import StageResult, _agree, stage
 from fanfs.errors import FanfsError, MountSetupError
 from fanfs.format.reader import PackReader
+from fanfs.mountinfo import check_mountpoint
 from fanfs.runtime import check_writable_by_owner_only
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,10 @@ def expand_rank(path: str | None, rank: int) -> str | None:
     return None if path is None else path.replace("{rank}", str(rank))
 
 
-def cluster_mount(config: Any, pyfuse3: Any) -> int:
+def cluster_start(config: Any) -> ClusterNode:
+    """Collective: MPI start-up, agreed checks, staging, the pack opened on every rank.
+    Returns this rank's node, ready for `mount.serve`."""
     from fanfs.cluster.transport import Transport
-    from fanfs.mount import check_mountpoint, serve
 
     transport = Transport(config.coalesce_window_s)
     log.info("rank %d of %d on %s", transport.rank, transport.size, socket.gethostname())
@@ -118,4 +120,4 @@ def cluster_mount(config: Any, pyfuse3: Any) -> int:
         error = exc
     _agree(transport, error)
     assert node.reader is not None
-    return serve(node.reader, config, pyfuse3, on_ready=lambda: None, cluster=node)
+    return node

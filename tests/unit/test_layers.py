@@ -97,11 +97,7 @@ def _fanfs_imports(path: Path) -> set[str]:
     return found
 
 
-# Import cycles still to break (issue 13): a cluster launch goes mount -> node -> mount.serve.
-KNOWN_CYCLES = {frozenset({"fanfs.mount", "fanfs.cluster.node"})}
-
-
-def test_no_import_cycles_beyond_the_known_ones() -> None:
+def test_no_import_cycles() -> None:
     modules = {
         "fanfs." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p
         for p in PACKAGE.rglob("*.py")
@@ -113,7 +109,7 @@ def test_no_import_cycles_beyond_the_known_ones() -> None:
         for b in targets:
             if a in _reachable(graph, b):
                 cycles.add(frozenset({a, b}))
-    assert cycles == KNOWN_CYCLES
+    assert cycles == set()
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
