@@ -23,10 +23,6 @@ class UsageError(FanfsError):
     exit_code = 2
 
 
-class CodecUnavailableError(UsageError):
-    """A codec named on the command line (or by a pack) has no library installed."""
-
-
 class PackInputError(UsageError):
     """The source tree given to `fanfs pack` cannot be packed as it is."""
 

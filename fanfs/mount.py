@@ -403,7 +403,7 @@ def _build_operations(
     store = ChunkStore(
         reader,
         shared,
-        buffer_bytes=prefetch_memory,
+        buffer_budget=prefetch_memory,
         thread_limit=config.thread_limit,
         objects=objects,
     )
@@ -752,20 +752,19 @@ async def _handle_signals(pyfuse3: Any, cluster: Any) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        if _EARLY_SIGNALS:  # arrived before the receiver was installed
-            log.info(
-                "received %s during start-up, unmounting", signal.Signals(_EARLY_SIGNALS[0]).name
-            )
-            if cluster is not None:
-                cluster.shutdown()
-            pyfuse3.terminate()
+        # A signal that came before this receiver (during start-up, or while another
+        # serving process already answered requests) was kept by _remember_signal.
+        signum = _EARLY_SIGNALS[0] if _EARLY_SIGNALS else None
+        if signum is None:
+            async for received in signals:
+                signum = received
+                break
+        if signum is None:
             return
-        async for signum in signals:
-            log.info("received %s, unmounting", signal.Signals(signum).name)
-            if cluster is not None:
-                cluster.shutdown()
-            pyfuse3.terminate()
-            return
+        log.info("received %s, unmounting", signal.Signals(signum).name)
+        if cluster is not None:
+            cluster.shutdown()
+        pyfuse3.terminate()
 
 
 async def _preload(store: Any) -> None:

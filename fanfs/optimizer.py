@@ -11,6 +11,7 @@ The model and its assumptions are in docs/architecture.md, "Compressor optimizer
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -465,17 +466,19 @@ def _hot_decode_s(coded: Coded, dic: bytes | None) -> float:
     return min(passes)
 
 
-_EVICT: list[tuple[bytearray, bytes]] = []
+@functools.cache
+def _eviction_buffers() -> tuple[bytearray, bytes]:
+    """A destination and a source as large as the CPU caches: copying one into the other
+    evicts whatever a decode left there. Allocated once per process."""
+    size = _cache_bytes()
+    return bytearray(size), bytes(range(256)) * (size // 256)
 
 
 def cold_factor(coded: Coded, dic: bytes | None) -> float:
     """How much slower `coded` decode one at a time with the caches evicted before each than
     back to back (at least 1): the fastest of DECODE_PASSES passes of each, CPU time, the
     clock's own cost taken off the per-object timings."""
-    if not _EVICT:
-        size = _cache_bytes()
-        _EVICT.append((bytearray(size), bytes(range(256)) * (size // 256)))
-    dest, source = _EVICT[0]
+    dest, source = _eviction_buffers()
     clock = time.thread_time
     overhead = min(_clock_cost(clock) for _ in range(3))
     hot = _hot_decode_s(coded, dic)

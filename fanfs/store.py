@@ -10,7 +10,7 @@ I/O.
 Where decoded chunks are kept (cache.py has the policies):
 - the mount's object cache (MinIO by default, shared by the serving processes): every decoded
   chunk while it has room;
-- this process's read-ahead buffer, an LRU of `buffer_bytes`: chunks read only in part (the
+- this process's read-ahead buffer, an LRU of `buffer_budget` bytes: chunks read only in part (the
   kernel asks for a large file 128 KiB to 1 MiB at a time) and chunks the prefetcher decoded
   that neither the object cache nor the kernel's page cache took.
 
@@ -84,7 +84,7 @@ class ChunkStore:
         reader: PackReader,
         shared: SharedState,
         *,
-        buffer_bytes: int,
+        buffer_budget: int,
         thread_limit: int,
         objects: ObjectCache | None = None,
         remote: ChunkSource | None = None,
@@ -104,7 +104,7 @@ class ChunkStore:
             if part["size"] == 0:
                 self._resident[number] = 1
         self._broken: dict[int, CorruptDataError] = {}
-        self.buffer = LruCache(buffer_bytes)
+        self.buffer = LruCache(buffer_budget)
         # Chunks in the buffer that the prefetcher put there and no reader has read yet.
         self._prefetched: dict[int, int] = {}
         self.prefetched_bytes = 0

@@ -248,7 +248,7 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
         return "refused: " + text[len(str(pack)) + 2 :], problems
     index = reader.index
     shared = SharedState(processes=1, partitions=len(reader.partitions), chunks=index.chunk_count)
-    store = ChunkStore(reader, shared, buffer_bytes=8 << 20, thread_limit=2)
+    store = ChunkStore(reader, shared, buffer_budget=8 << 20, thread_limit=2)
     if preload:
         reader.reserve_memory(range(len(reader.partitions)))
         store.preload(__import__("threading").Event())

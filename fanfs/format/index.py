@@ -157,7 +157,8 @@ class Index:
         self.names = views["names"]
 
     def close(self) -> None:
-        """Release the mapping. Only valid once no view of a column is alive anymore."""
+        """Drop the column arrays (PackReader.close); the private copy of the index is freed
+        with the last view of it that a caller still holds."""
         self.arrays.clear()
 
     def name(self, entry: int) -> bytes:

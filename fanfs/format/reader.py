@@ -128,6 +128,7 @@ class PackReader:
             if fd >= 0:
                 os.close(fd)
         self._fds.clear()
+        self.index.close()
 
     def reserve_memory(self, numbers: Collection[int]) -> int:
         """Reserve shared anonymous memory for copies of the local partitions `numbers`

@@ -50,7 +50,7 @@ def make_ops(pack: Path, *, noopen: bool = False) -> Operations:
     shared = SharedState(
         processes=1, partitions=len(reader.partitions), chunks=reader.index.chunk_count
     )
-    store = ChunkStore(reader, shared, buffer_bytes=1 << 20, thread_limit=2)
+    store = ChunkStore(reader, shared, buffer_budget=1 << 20, thread_limit=2)
     return Operations(store, noopen=noopen, info={"bytes_in": 0, "pack": str(pack)})
 
 

@@ -53,7 +53,7 @@ def make_store(reader: PackReader, shared: SharedState | None = None, **kw: obje
     shared = shared or SharedState(
         processes=2, partitions=len(reader.partitions), chunks=reader.index.chunk_count
     )
-    return ChunkStore(reader, shared, buffer_bytes=0, thread_limit=4, **kw)  # type: ignore[arg-type]
+    return ChunkStore(reader, shared, buffer_budget=0, thread_limit=4, **kw)  # type: ignore[arg-type]
 
 
 def in_partition(reader: PackReader, number: int) -> tuple[str, int]:
@@ -280,6 +280,6 @@ def test_counters_do_not_depend_on_the_readers_interleaving(pack: Path) -> None:
     for (rel, k, _), data in got.items():
         assert data == FILES[rel][k * CHUNK : (k + 1) * CHUNK]
     assert len(got) == 2 * len(work)
-    # buffer_bytes=0: nothing is kept, so a chunk is decoded again only when the two groups
+    # buffer_budget=0: nothing is kept, so a chunk is decoded again only when the two groups
     # did not overlap on it; never more than once per reader.
     assert len(work) <= store.shared.counters[sh.THREAD_DECODES] <= 2 * len(work)
