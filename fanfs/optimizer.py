@@ -39,6 +39,7 @@ from fanfs.compression import (
     train_dictionary,
 )
 from fanfs.errors import UsageError
+from fanfs.format.layout import chunk_count
 
 log = logging.getLogger(__name__)
 
@@ -279,9 +280,7 @@ def _pick_units(
     members: list[FileRef], chunk_size: int, want: int, rng: np.random.Generator
 ) -> list[tuple[FileRef, int, int]]:
     """Chunks of `members` in random order until `want` bytes (at least one chunk)."""
-    counts = np.array(
-        [max(1, math.ceil(f.size / chunk_size)) if f.size else 0 for f in members], dtype=np.int64
-    )
+    counts = np.array([chunk_count(f.size, chunk_size) for f in members], dtype=np.int64)
     ends = np.cumsum(counts)
     total = int(ends[-1]) if len(ends) else 0
     picked: list[tuple[FileRef, int, int]] = []
@@ -362,7 +361,7 @@ def sample_classes(
     for cls in classes:
         group = members[cls.name]
         cls.files, cls.total_bytes = len(group), sum(f.size for f in group)
-        cls.chunks = sum(math.ceil(f.size / chunk_size) for f in group)
+        cls.chunks = sum(chunk_count(f.size, chunk_size) for f in group)
     wants = _allocate([c.total_bytes for c in classes], sample_bytes)
     reads: list[tuple[int, float]] = []
     for cls, want in zip(classes, wants, strict=True):

@@ -33,7 +33,7 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size, parse_size
 from fanfs.compression import CodecSpec, chunk_codec_name, compress_object
 from fanfs.errors import PackInputError, UsageError
-from fanfs.format.layout import MANIFEST_NAME, NAME_MAX, bind_chunk_crc
+from fanfs.format.layout import MANIFEST_NAME, NAME_MAX, bind_chunk_crc, chunk_count
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import FileRef, Plan, PlanSettings, class_of, make_plan, plan_record
 from fanfs.plan import plan_table, settings_from_args
@@ -226,7 +226,7 @@ def _read_and_compress(
 def _chunk_tasks(nodes: list[_Node], chunk_size: int) -> Iterator[tuple[_Node, int]]:
     for node in nodes:
         if stat.S_ISREG(node.st.st_mode) and not node.skipped:
-            for chunk_no in range(math.ceil(node.st.st_size / chunk_size)):
+            for chunk_no in range(chunk_count(node.st.st_size, chunk_size)):
                 yield node, chunk_no
 
 

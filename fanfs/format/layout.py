@@ -128,6 +128,16 @@ def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
     return fd
 
 
+def chunk_count(size: int, chunk_size: int) -> int:
+    """How many chunks a file of `size` bytes is stored in (0 for an empty file)."""
+    return -(-size // chunk_size)
+
+
+def chunk_length(size: int, chunk_size: int, chunk_no: int) -> int:
+    """The uncompressed length of chunk `chunk_no` of a file of `size` bytes."""
+    return min(chunk_size, size - chunk_no * chunk_size)
+
+
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     """Serialise a manifest canonically (sorted keys, no whitespace), header first."""
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
-from fanfs.format.layout import open_pack_file, partition_name, raise_open_file_limit
+from fanfs.format.layout import chunk_length, open_pack_file, partition_name, raise_open_file_limit
 from fanfs.format.validate import check_index, read_manifest
 
 # Reads of whole partitions (verify, preload) go in slices this large.
@@ -206,7 +206,7 @@ class PackReader:
 
     def chunk_usize(self, entry: int, chunk_no: int) -> int:
         """Uncompressed size of the `chunk_no`-th chunk of file `entry`."""
-        return min(self.chunk_size, self.index.size[entry] - chunk_no * self.chunk_size)
+        return chunk_length(int(self.index.size[entry]), self.chunk_size, chunk_no)
 
     def verify_partition(self, number: int) -> bool:
         """Whether partition `number` matches its manifest crc32. Blocking: reads it all."""

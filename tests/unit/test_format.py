@@ -20,11 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD, decompress, parse_codec
 from fanfs.errors import PackFormatError, PackVersionError
 from fanfs.format.index import ROOT_ID, Index
-from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME, chunk_crc
+from fanfs.format.layout import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    chunk_count,
+    chunk_crc,
+    chunk_length,
+)
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, glob_to_regex, run_pack
 from fanfs.verify import verify_pack
@@ -731,3 +739,15 @@ def test_golden_pack_reads_back_its_source(golden: Path) -> None:
 def test_golden_pack_verifies(golden: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert verify_pack(str(golden), quiet=True) == 0
     assert capsys.readouterr() == ("", "")
+
+
+@given(size=st.integers(0, 1 << 40), chunk_size=st.integers(4096, 64 << 20))
+def test_chunk_arithmetic_tiles_every_file(size: int, chunk_size: int) -> None:
+    count = chunk_count(size, chunk_size)
+    if size == 0:
+        assert count == 0
+        return
+    lengths = [chunk_length(size, chunk_size, k) for k in (0, count - 1)]
+    assert all(0 < n <= chunk_size for n in lengths)
+    assert (count - 1) * chunk_size + lengths[-1] == size
+    assert count == math.ceil(size / chunk_size) or size > 1 << 52
