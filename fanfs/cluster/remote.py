@@ -21,8 +21,8 @@ from typing import Any, Final
 import trio
 
 from fanfs import shared as sh
-from fanfs.errors import MountClosingError, RemoteReadError
-from fanfs.format.layout import partition_name
+from fanfs.errors import MountClosingError, PackFormatError, RemoteReadError
+from fanfs.format.layout import open_pack_file, partition_name
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +162,11 @@ class RemoteSource:
         try:
             with self._pack_lock:
                 fd = self._pack_fds.get(partition)
-                if fd is None:
-                    path = os.path.join(self.pack_path, partition_name(partition))
-                    fd = self._pack_fds[partition] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                if fd is None:  # a regular file, never through a symlink (security.md)
+                    fd = open_pack_file(self.pack_path, partition_name(partition))
+                    self._pack_fds[partition] = fd
             data = os.pread(fd, length, offset)
-        except OSError as exc:
+        except (OSError, PackFormatError) as exc:
             raise RemoteReadError(
                 "no owner answered and the pack cannot be read: %s" % exc
             ) from exc
