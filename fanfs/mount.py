@@ -388,7 +388,7 @@ def _build_operations(
     reader: PackReader, config: MountConfig, pyfuse3: Any, cluster: Any
 ) -> tuple[Any, Any]:
     from fanfs.cache import MinioCache, make_cache
-    from fanfs.operations import Operations
+    from fanfs.operations import MountInfo, Operations
     from fanfs.store import ChunkStore
 
     processes = serving_processes(pyfuse3, config)
@@ -411,19 +411,18 @@ def _build_operations(
         store.remote = cluster.make_remote(shared, store.limiter)
     noopen = config.noopen and bool(getattr(pyfuse3, "FANFS_NOOPEN_READ", False))
     totals = reader.manifest.get("totals", {})
-    info = {
-        "pack": config.pack,
-        "mountpoint": config.mountpoint,
-        "noopen": noopen,
-        "processes": processes,
-        "bytes_in": totals.get("bytes_in", 0),
-        "files": totals.get("files", 0),
-        "prefetch": "off" if not config.prefetch else config.prefetch_into,
-        "prefetch_memory": prefetch_memory,
-        "filler": filler,
-    }
-    if config.prefetch:
-        info["hints"] = _hints_socket_path(config.mountpoint, config.cache_dir)
+    info = MountInfo(
+        pack=config.pack,
+        mountpoint=config.mountpoint,
+        noopen=noopen,
+        processes=processes,
+        bytes_in=int(totals.get("bytes_in", 0)),
+        files=int(totals.get("files", 0)),
+        prefetch="off" if not config.prefetch else config.prefetch_into,
+        prefetch_memory=prefetch_memory,
+        filler=filler,
+        hints=_hints_socket_path(config.mountpoint, config.cache_dir) if config.prefetch else None,
+    )
     ops = Operations(
         store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None
     )
@@ -448,18 +447,18 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
         "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)",
         config.pack,
         config.mountpoint,
-        info["files"],
-        format_size(info["bytes_in"]),
-        info["processes"],
-        "on" if info["noopen"] else "off",
+        info.files,
+        format_size(info.bytes_in),
+        info.processes,
+        "on" if info.noopen else "off",
     )
     objects = ops.store.objects
     log.info(
         "object cache: %s, %s; prefetch: %s, %s",
         objects.policy if objects else "off",
         format_size(objects.budget if objects else 0),
-        info["prefetch"],
-        format_size(info["prefetch_memory"]),
+        info.prefetch,
+        format_size(info.prefetch_memory),
     )
 
 
@@ -471,7 +470,7 @@ def _serve_until_unmounted(
 
     slot, family = 0, _Family()
     try:
-        if ops.info["processes"] > 1:
+        if ops.info.processes > 1:
             # Stop right inside INIT, before this loop can read (and, once terminating,
             # drop) any later request; the forked processes serve those.
             ops.init_callbacks.append(pyfuse3.terminate)
@@ -479,14 +478,14 @@ def _serve_until_unmounted(
             _check_initialized(pyfuse3, ops, config)
             ops.init_callbacks.clear()
             _nonblocking_session(pyfuse3)
-            slot, family.servers = _fork_servers(ops.info["processes"])
+            slot, family.servers = _fork_servers(ops.info.processes)
             store.shared.use_slot(slot)
             pyfuse3.fanfs_session_reset()
         else:
             _nonblocking_session(pyfuse3)
-        if slot == 0 and ops.info["filler"]:
+        if slot == 0 and ops.info.filler:
             family.filler = _fork_filler(
-                pyfuse3, store, ops.info["processes"], push=config.prefetch_into == "kernel"
+                pyfuse3, store, ops.info.processes, push=config.prefetch_into == "kernel"
             )
         trio.run(_main, pyfuse3, ops, config, preload and slot == 0, slot == 0, cluster, family)
         _check_initialized(pyfuse3, ops, config)
@@ -715,10 +714,10 @@ def _start_prefetcher(
     # mount has a filler process (_fork_filler).
     prefetcher = Prefetcher(
         ops.store,
-        memory=ops.info["prefetch_memory"],
+        memory=ops.info.prefetch_memory,
         into=config.prefetch_into,
         notify=pyfuse3.notify_store,
-        fill=first and not ops.info["filler"],
+        fill=first and not ops.info.filler,
     )
     ops.prefetcher = prefetcher
     nursery.start_soon(prefetcher.run)
@@ -731,12 +730,12 @@ def _start_hints(nursery: Any, prefetcher: Any, ops: Any, config: MountConfig) -
     that sees the mount finds the socket."""
     from fanfs.hints import bind_hint_socket, serve_hints
 
-    path = ops.info["hints"]
+    path = ops.info.hints
     try:
         listener = bind_hint_socket(path)
     except OSError as exc:
         log.warning("no hint socket at %s (%s); sampler hints are off", path, exc.strerror or exc)
-        ops.info.pop("hints", None)
+        ops.info.hints = None
         return
     nursery.start_soon(serve_hints, listener, prefetcher, ops.index, config.mountpoint)
 

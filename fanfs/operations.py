@@ -13,6 +13,7 @@ inode numbers too, which is what lets `read()` work unchanged in the kernel's no
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import functools
 import json
@@ -49,6 +50,30 @@ XATTR_PREFIX: Final = xattrs.PREFIX.encode()
 FILE_XATTRS: Final = xattrs.FILE
 ROOT_XATTRS: Final = xattrs.ROOT
 HINTS_XATTR: Final = xattrs.HINTS.encode()
+
+
+@dataclasses.dataclass(slots=True)
+class MountInfo:
+    """What `mount.serve` decided for this mount, read by the serving loop and reported in
+    the statistics (`user.fanfs.stats`)."""
+
+    pack: str
+    mountpoint: str = ""
+    noopen: bool = False
+    processes: int = 1
+    bytes_in: int = 0  # the dataset's size, uncompressed
+    files: int = 0
+    prefetch: str = "off"  # off, kernel or daemon
+    prefetch_memory: int = 0
+    filler: bool = False  # a background filler process fills the object cache
+    hints: str | None = None  # the hint socket's path, while it is served
+
+    def as_stats(self) -> dict[str, Any]:
+        stats = dataclasses.asdict(self)
+        if self.hints is None:
+            del stats["hints"]
+        return stats
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -96,7 +121,7 @@ class Operations(pyfuse3.Operations):
         store: ChunkStore,
         *,
         noopen: bool,
-        info: dict[str, Any],
+        info: MountInfo,
         extra_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
@@ -130,7 +155,7 @@ class Operations(pyfuse3.Operations):
 
     def statistics(self) -> dict[str, Any]:
         """Mount-wide counters (all serving processes) plus this process's cache state."""
-        stats = dict(self.info)
+        stats = self.info.as_stats()
         stats.update(self.shared.totals())
         stats.update(self.store.statistics())
         stats.update(process_tree_memory(self.main_pid))
@@ -298,7 +323,7 @@ class Operations(pyfuse3.Operations):
     async def statfs(self, ctx: Any = None) -> pyfuse3.StatvfsData:
         st = pyfuse3.StatvfsData()
         st.f_bsize = st.f_frsize = BLOCK_SIZE
-        st.f_blocks = (int(self.info.get("bytes_in", 0)) + BLOCK_SIZE - 1) // BLOCK_SIZE
+        st.f_blocks = (self.info.bytes_in + BLOCK_SIZE - 1) // BLOCK_SIZE
         st.f_bfree = st.f_bavail = 0
         st.f_files = self.index.entry_count
         st.f_ffree = st.f_favail = 0
@@ -318,7 +343,7 @@ class Operations(pyfuse3.Operations):
             names += FILE_XATTRS
         if entry == 0:
             names += ROOT_XATTRS
-            if self.info.get("hints"):
+            if self.info.hints:
                 names += (HINTS_XATTR,)
         return names
 
@@ -358,8 +383,8 @@ class Operations(pyfuse3.Operations):
 
             return __version__
         if key == b"hints":
-            return str(self.info["hints"])
-        return str(self.info.get("pack", ""))
+            return str(self.info.hints)
+        return self.info.pack
 
     # Every write intent is refused; the `ro` mount option makes the kernel refuse most of
     # them itself, these cover the rest (and mounts with -o rw).

@@ -233,7 +233,7 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
     from fanfs import shared as sh
     from fanfs.errors import FanfsError
     from fanfs.format.reader import PackReader
-    from fanfs.operations import FILE_XATTRS, Operations
+    from fanfs.operations import FILE_XATTRS, MountInfo, Operations
     from fanfs.shared import SharedState
     from fanfs.store import ChunkStore
     from fanfs.verify import inspect_pack, verify_pack
@@ -252,7 +252,7 @@ def _serve_everything(pack: Path, preload: bool) -> tuple[str, list[str]]:
     if preload:
         reader.reserve_memory(range(len(reader.partitions)))
         store.preload(__import__("threading").Event())
-    ops = Operations(store, noopen=True, info={"bytes_in": 0, "pack": str(pack)})
+    ops = Operations(store, noopen=True, info=MountInfo(pack=str(pack)))
 
     async def check() -> None:
         for entry in range(index.entry_count):

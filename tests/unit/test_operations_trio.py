@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from fanfs import shared as sh
 from fanfs.format.layout import partition_name
 from fanfs.format.reader import PackReader
-from fanfs.operations import Operations
+from fanfs.operations import MountInfo, Operations
 from fanfs.shared import SharedState
 from fanfs.store import ChunkStore
 from tests.conftest import run_fanfs
@@ -51,7 +51,7 @@ def make_ops(pack: Path, *, noopen: bool = False) -> Operations:
         processes=1, partitions=len(reader.partitions), chunks=reader.index.chunk_count
     )
     store = ChunkStore(reader, shared, buffer_budget=1 << 20, thread_limit=2)
-    return Operations(store, noopen=noopen, info={"bytes_in": 0, "pack": str(pack)})
+    return Operations(store, noopen=noopen, info=MountInfo(pack=str(pack)))
 
 
 @pytest.fixture(scope="module")
