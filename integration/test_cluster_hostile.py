@@ -76,6 +76,18 @@ def test_a_partition_named_outside_the_pack_stops_every_rank_before_staging(
 NP = 2
 
 
+def refused_job(
+    mpi_jobs: StartJob, pack: Path, prepare: Callable[[Path], None]
+) -> tuple[MpiJob, str]:
+    """A job whose every rank must stop with exit 4 (mount setup) and no traceback."""
+    job = mpi_jobs(pack, NP, ready=False, name="job", prepare=prepare)
+    code = job.wait_exit(EXIT_DEADLINE_S)
+    out = job.output()
+    assert code == 4, "mpirun exited %d:\n%s" % (code, out)
+    assert "Traceback" not in out, out
+    return job, out
+
+
 def assert_each_rank_refused(out: str, messages: list[str]) -> None:
     """Each rank printed its own refusal once (mpirun may join the ranks' lines)."""
     for message in messages:
@@ -92,11 +104,7 @@ def test_a_cache_dir_writable_by_others_is_refused_by_every_rank(
             (workdir / ("cache%d" % rank)).mkdir(mode=0o777)
             (workdir / ("cache%d" % rank)).chmod(0o777)
 
-    job = mpi_jobs(pack, NP, ready=False, name="job", prepare=world_writable)
-    code = job.wait_exit(EXIT_DEADLINE_S)
-    out = job.output()
-    assert code == 4, "mpirun exited %d:\n%s" % (code, out)
-    assert "Traceback" not in out, out
+    job, out = refused_job(mpi_jobs, pack, world_writable)
     assert_each_rank_refused(
         out,
         [
@@ -129,11 +137,7 @@ def test_a_planted_stage_dir_in_a_shared_cache_dir_is_refused(
             (cache / stage_name).symlink_to(victim)
             os.lchown(cache / stage_name, NOBODY, NOBODY)
 
-    job = mpi_jobs(pack, NP, ready=False, name="job", prepare=plant)
-    code = job.wait_exit(EXIT_DEADLINE_S)
-    out = job.output()
-    assert code == 4, "mpirun exited %d:\n%s" % (code, out)
-    assert "Traceback" not in out, out
+    job, out = refused_job(mpi_jobs, pack, plant)
     assert_each_rank_refused(
         out,
         [

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from fanfs.format.index import Index
 from fanfs.format.reader import PackReader
 from fanfs.mountinfo import find_mount, mounts_under
 from tests.treegen import make_edge_tree
@@ -269,6 +270,23 @@ def edge_mount(edge_pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """One shared mount of the edge pack for read-only checks (mounting costs a second)."""
     with Mount(edge_pack, tmp_path_factory.mktemp("edge-mnt") / "mnt") as mount:
         yield mount
+
+
+def lookup_path(index: Index, rel: str | bytes) -> int | None:
+    """The entry at `rel` (relative to the pack's root) in an index, or None."""
+    entry: int | None = 0
+    for name in os.fsencode(rel).split(b"/"):
+        if entry is None or not index.is_dir(entry):
+            return None
+        entry = index.lookup(entry, name)
+    return entry
+
+
+def entry_at(reader: PackReader, rel: str | bytes) -> int:
+    """The entry at `rel` of an open pack; the test fails if there is none."""
+    entry = lookup_path(reader.index, rel)
+    assert entry is not None, rel
+    return entry
 
 
 _READERS: list[PackReader] = []

@@ -17,7 +17,7 @@ from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.layout import FORMAT_VERSION
 from fanfs.format.reader import PackReader
 from fanfs.mountinfo import mounts
-from tests.conftest import TEST_CHUNK_SIZE, TEST_FSNAME, Mount, run_fanfs
+from tests.conftest import TEST_CHUNK_SIZE, TEST_FSNAME, Mount, entry_at, run_fanfs
 
 pytestmark = pytest.mark.fuse
 
@@ -35,21 +35,12 @@ DAMAGED = {
 DAMAGED_CHUNK = {rel: chunk_no for rel, chunk_no, _ in DAMAGED.values()}
 
 
-def _entry(reader: PackReader, rel: str) -> int:
-    entry = 0
-    for part in rel.encode().split(b"/"):
-        found = reader.index.lookup(entry, part)
-        assert found is not None, rel
-        entry = found
-    return entry
-
-
 def damage_chunk(pack: Path, rel: str, chunk_no: int, codec: int) -> tuple[int, int]:
     """Flip one byte in the middle of a stored chunk of `rel`; returns (partition, chunk id)."""
     reader = PackReader(str(pack))
     try:
         index = reader.index
-        entry = _entry(reader, rel)
+        entry = entry_at(reader, rel)
         assert chunk_no < index.count[entry]
         cid = index.first[entry] + chunk_no
         assert index.chunk_codec[cid] == codec, "premise: %s chunk %d is stored with codec %d" % (

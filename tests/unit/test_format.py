@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD, decompress, parse_codec
 from fanfs.errors import PackFormatError, PackVersionError
-from fanfs.format.index import ROOT_ID, Index
+from fanfs.format.index import ROOT_ID
 from fanfs.format.layout import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -36,7 +36,7 @@ from fanfs.format.layout import (
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, glob_to_regex, run_pack
 from fanfs.verify import verify_pack
-from tests.conftest import TEST_CHUNK_SIZE, run_fanfs
+from tests.conftest import TEST_CHUNK_SIZE, lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.treegen import label_text as _text
 from tests.treegen import make_dataset
@@ -72,18 +72,6 @@ def _pack(
         )
     )
     return out
-
-
-def _resolve(index: Index, rel: bytes) -> int | None:
-    entry: int | None = ROOT_ID
-    for part in rel.split(b"/"):
-        assert entry is not None
-        if not index.is_dir(entry):
-            return None
-        entry = index.lookup(entry, part)
-        if entry is None:
-            return None
-    return entry
 
 
 def _read(reader: PackReader, entry: int) -> bytes:
@@ -151,7 +139,7 @@ def test_every_source_entry_is_in_the_index(edge_tree: Path, edge_reader: PackRe
     assert index.entry_count == len(paths) + 1  # + the root, nothing else
     for rel in paths:
         st = os.lstat(os.path.join(base, rel))
-        entry = _resolve(index, rel)
+        entry = lookup_path(index, rel)
         assert entry is not None, rel
         assert index.path(entry) == rel
         assert index.name(entry) == os.path.basename(rel)
@@ -196,7 +184,7 @@ def test_every_source_entry_is_in_the_index(edge_tree: Path, edge_reader: PackRe
     ],
 )
 def test_lookup_finds_awkward_names(edge_reader: PackReader, rel: bytes, content: bytes) -> None:
-    entry = _resolve(edge_reader.index, rel)
+    entry = lookup_path(edge_reader.index, rel)
     assert entry is not None
     assert edge_reader.index.name(entry) == rel.rsplit(b"/", 1)[-1]
     assert _read(edge_reader, entry) == content
@@ -224,14 +212,14 @@ def test_lookup_finds_awkward_names(edge_reader: PackReader, rel: bytes, content
 def test_lookup_of_missing_name_returns_none(
     edge_reader: PackReader, directory: bytes, name: bytes
 ) -> None:
-    parent = _resolve(edge_reader.index, directory) if directory else ROOT_ID
+    parent = lookup_path(edge_reader.index, directory) if directory else ROOT_ID
     assert parent is not None and edge_reader.index.is_dir(parent)
     assert edge_reader.index.lookup(parent, name) is None
 
 
 def test_lookup_every_name_in_a_large_directory(edge_tree: Path, edge_reader: PackReader) -> None:
     index = edge_reader.index
-    many = _resolve(index, b"many")
+    many = lookup_path(index, b"many")
     assert many is not None
     present = set(os.listdir(os.fsencode(edge_tree / "many")))
     assert len(present) == 1500
@@ -275,7 +263,7 @@ def test_symlink_targets_are_stored_not_followed(edge_tree: Path, edge_reader: P
     assert links[b"bad_target"] == b"\xff\xfe-target"
     assert len(links[b"long_target"]) == 1000
     for name, target in links.items():
-        entry = _resolve(index, b"links/" + name)
+        entry = lookup_path(index, b"links/" + name)
         assert entry is not None
         assert stat.S_ISLNK(index.mode[entry])
         assert index.symlink_target(entry) == target
@@ -311,7 +299,7 @@ def test_chunk_table(tmp_path: Path) -> None:
     index = reader.index
     seen_chunks = []
     for name, data in files.items():
-        entry = _resolve(index, name.encode())
+        entry = lookup_path(index, name.encode())
         assert entry is not None
         count = index.count[entry]
         assert count == math.ceil(len(data) / CHUNK), name
@@ -325,7 +313,7 @@ def test_chunk_table(tmp_path: Path) -> None:
             assert codecs == {CODEC_NONE}  # incompressible: stored raw
         elif len(data) >= CHUNK:
             assert CODEC_ZSTD in codecs
-    entry = _resolve(index, b"three_and_a_half")
+    entry = lookup_path(index, b"three_and_a_half")
     assert entry is not None
     assert [reader.chunk_usize(entry, k) for k in range(4)] == [CHUNK, CHUNK, CHUNK, CHUNK // 2]
     assert sorted(seen_chunks) == list(range(index.chunk_count))  # every chunk owned once
@@ -346,7 +334,7 @@ def test_chunk_table_of_edge_sizes(
     edge_reader: PackReader, name: str, chunks: int, last: int
 ) -> None:
     assert edge_reader.chunk_size == TEST_CHUNK_SIZE
-    entry = _resolve(edge_reader.index, b"sizes/" + name.encode())
+    entry = lookup_path(edge_reader.index, b"sizes/" + name.encode())
     assert entry is not None
     assert edge_reader.index.count[entry] == chunks
     assert edge_reader.chunk_usize(entry, chunks - 1) == last
@@ -383,7 +371,7 @@ def test_partitions_are_balanced_by_stored_bytes(dataset: Path, tmp_path: Path) 
     sizes = [p["size"] for p in parts]
     assert max(sizes) - min(sizes) <= CHUNK, sizes
     for name, data in _tree_files(dataset).items():
-        entry = _resolve(index, name.encode())
+        entry = lookup_path(index, name.encode())
         assert entry is not None and _read(reader, entry) == data
 
 
@@ -424,7 +412,7 @@ def test_broadcast_glob_places_exactly_its_files_in_broadcast_partitions(tmp_pat
         1 for c in owners if owners[c] in in_broadcast
     )
     for name, data in files.items():
-        entry = _resolve(reader.index, name.encode())
+        entry = lookup_path(reader.index, name.encode())
         assert entry is not None and _read(reader, entry) == data
 
 
@@ -699,7 +687,7 @@ def test_golden_pack_reads_back_its_source(golden: Path) -> None:
         assert index.entry_count == len(members) + 1
         for member in members:
             rel = os.fsencode(member.name)
-            entry = _resolve(index, rel)
+            entry = lookup_path(index, rel)
             assert entry is not None, rel
             assert stat.S_IMODE(index.mode[entry]) == member.mode, rel
             if member.issym():
@@ -718,7 +706,7 @@ def test_golden_pack_reads_back_its_source(golden: Path) -> None:
     assert reader.manifest["format_version"] == int(golden.parent.name.removeprefix("golden-v"))
     assert reader.chunk_size == 4096
     counts = {
-        name: index.count[_resolve(index, name)]
+        name: index.count[lookup_path(index, name)]
         for name in (b"data/text.txt", b"data/exact.txt", b"data/empty")
     }
     assert counts == {b"data/text.txt": 3, b"data/exact.txt": 2, b"data/empty": 0}

@@ -27,9 +27,8 @@ import fanfs.pack
 from fanfs._sizes import format_size
 from fanfs.compression import parse_codec
 from fanfs.errors import PackInputError
-from fanfs.format.index import ROOT_ID, Index
 from fanfs.pack import PackOptions, _Node, _read_and_compress, _Walker, run_pack
-from tests.conftest import FANFS, run_fanfs
+from tests.conftest import FANFS, lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.treegen import label_text as _text
 from tests.treegen import write_tree as _write_tree
@@ -49,16 +48,6 @@ def _leftovers(parent: Path) -> list[str]:
     return sorted(
         glob.glob(str(parent / ".*.fanfs-tmp-*")) + glob.glob(str(parent / "*.fanfs-old-*"))
     )
-
-
-def _resolve(index: Index, rel: str) -> int | None:
-    entry: int | None = ROOT_ID
-    for part in rel.split("/"):
-        assert entry is not None
-        entry = index.lookup(entry, part.encode())
-        if entry is None:
-            return None
-    return entry
 
 
 @pytest.fixture
@@ -115,8 +104,8 @@ def test_out_replaced_with_force(src: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
     assert "stray" not in os.listdir(out)
     index = _open(out).index
-    assert _resolve(index, "old.txt") is None
-    assert _resolve(index, "a.txt") is not None and _resolve(index, "sub/r.bin") is not None
+    assert lookup_path(index, "old.txt") is None
+    assert lookup_path(index, "a.txt") is not None and lookup_path(index, "sub/r.bin") is not None
     assert _leftovers(tmp_path) == []
 
 
@@ -125,7 +114,7 @@ def test_out_empty_directory_is_used(src: Path, tmp_path: Path) -> None:
     out.mkdir()
     result = run_fanfs("pack", src, out, "-q")
     assert (result.returncode, result.stderr) == (0, "")
-    assert _resolve(_open(out).index, "a.txt") is not None
+    assert lookup_path(_open(out).index, "a.txt") is not None
 
 
 @pytest.mark.parametrize("kind", ["file", "symlink_to_dir", "dangling_symlink"])
@@ -288,7 +277,9 @@ def test_sockets_and_fifos_are_skipped_with_a_warning(src: Path, tmp_path: Path)
         "fanfs: warning: skipping sub/fifo: not a regular file, directory or symlink",
     ]
     reader = _open(out)
-    assert _resolve(reader.index, "sock") is None and _resolve(reader.index, "sub/fifo") is None
+    assert (
+        lookup_path(reader.index, "sock") is None and lookup_path(reader.index, "sub/fifo") is None
+    )
     assert reader.index.entry_count == 5  # root, a.txt, link, sub, sub/r.bin
     assert reader.manifest["totals"]["files"] == 2
 
@@ -371,9 +362,9 @@ def test_unreadable_file_skipped_with_skip_unreadable(as_nobody: tuple[Path, Run
         "fanfs: warning: skipping unreadable sub/locked: Permission denied"
     ]
     reader = _open(out)
-    assert _resolve(reader.index, "sub/locked") is None
+    assert lookup_path(reader.index, "sub/locked") is None
     for name in ("ok.txt", "sub/also_ok", "big.txt"):
-        assert _resolve(reader.index, name) is not None, name
+        assert lookup_path(reader.index, name) is not None, name
     assert reader.manifest["totals"]["files"] == 3
     assert reader.manifest["totals"]["skipped"] == 1
     assert os.listdir(base / "outdir") == ["pack"]
@@ -397,7 +388,7 @@ def test_unreadable_directory(as_nobody: tuple[Path, RunAs]) -> None:
         "fanfs: warning: skipping unreadable sub: Permission denied"
     ]
     index = _open(out).index
-    assert _resolve(index, "sub") is None and _resolve(index, "ok.txt") is not None
+    assert lookup_path(index, "sub") is None and lookup_path(index, "ok.txt") is not None
 
 
 def test_unsearchable_directory(as_nobody: tuple[Path, RunAs]) -> None:
@@ -420,7 +411,7 @@ def test_unsearchable_directory(as_nobody: tuple[Path, RunAs]) -> None:
         for line in result.stderr.splitlines()
     )
     index = _open(out).index
-    assert _resolve(index, "sub/locked") is None and _resolve(index, "ok.txt") is not None
+    assert lookup_path(index, "sub/locked") is None and lookup_path(index, "ok.txt") is not None
 
 
 def test_out_parent_not_writable(as_nobody: tuple[Path, RunAs]) -> None:

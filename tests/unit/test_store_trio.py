@@ -19,7 +19,7 @@ from fanfs.format.layout import partition_name
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
 from fanfs.store import ChunkStore
-from tests.conftest import open_reader, run_fanfs
+from tests.conftest import entry_at, open_reader, run_fanfs
 from tests.treegen import label_text, write_tree
 
 CHUNK = 64 * 1024
@@ -36,15 +36,6 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def entry_of(reader: PackReader, rel: str) -> int:
-    entry = 0
-    for name in rel.encode().split(b"/"):
-        found = reader.index.lookup(entry, name)
-        assert found is not None, rel
-        entry = found
-    return entry
-
-
 def expected_chunk(rel: str, chunk_no: int) -> bytes:
     return FILES[rel][chunk_no * CHUNK : (chunk_no + 1) * CHUNK]
 
@@ -59,7 +50,7 @@ def make_store(reader: PackReader, shared: SharedState | None = None, **kw: obje
 def in_partition(reader: PackReader, number: int) -> tuple[str, int]:
     """A file and a chunk number of it stored in partition `number`."""
     for rel in FILES:
-        first = reader.index.first[entry_of(reader, rel)]
+        first = reader.index.first[entry_at(reader, rel)]
         for k in range(4):
             if reader.index.chunk_partition[first + k] == number:
                 return rel, k
@@ -86,7 +77,7 @@ def test_concurrent_readers_of_one_chunk_share_one_load(pack: Path) -> None:
     reader = open_reader(pack)
     store = make_store(reader)
     rel = "d1/f03.bin"
-    results = trio.run(read_all, store, entry_of(reader, rel), 1, READERS)
+    results = trio.run(read_all, store, entry_at(reader, rel), 1, READERS)
     assert results == [expected_chunk(rel, 1)] * READERS
     counters = store.shared.counters
     assert counters[sh.CHUNK_READS] == READERS
@@ -120,7 +111,7 @@ def remote_setup(pack: Path) -> tuple[ChunkStore, Peer, int, str, int]:
     peer = Peer(pack)
     store = make_store(reader, remote=peer)
     rel, k = in_partition(reader, 1)
-    return store, peer, entry_of(reader, rel), rel, k
+    return store, peer, entry_at(reader, rel), rel, k
 
 
 def test_remote_readers_share_one_fetch(pack: Path) -> None:
@@ -202,7 +193,7 @@ def damaged(pack: Path, tmp_path: Path) -> tuple[Path, int, str]:
     shutil.copytree(pack, copy)
     reader = PackReader(str(copy))
     rel = "d0/f04.bin"
-    cid = reader.index.first[entry_of(reader, rel)] + 1
+    cid = reader.index.first[entry_at(reader, rel)] + 1
     path = copy / partition_name(int(reader.index.chunk_partition[cid]))
     offset = int(reader.index.chunk_offset[cid]) + int(reader.index.chunk_csize[cid]) // 2
     reader.close()
@@ -227,7 +218,7 @@ def test_a_corrupt_chunk_fails_every_reader_and_is_loaded_once(
         reader.reserve_memory(range(len(reader.partitions)))
         make_store(reader, shared).preload(threading.Event())
     store = make_store(reader, shared)
-    entry = entry_of(reader, rel)
+    entry = entry_at(reader, rel)
     results = trio.run(read_all, store, entry, 1, 4)
     message = "checksum mismatch in %s (chunk 1, partition %d, offset %d)" % (
         rel,
@@ -268,7 +259,7 @@ def test_counters_do_not_depend_on_the_readers_interleaving(pack: Path) -> None:
 
     async def group(order: list[tuple[str, int]], tag: int) -> None:
         for rel, k in order:
-            got[rel, k, tag] = bytes(await store.chunk(entry_of(reader, rel), k, whole=True))
+            got[rel, k, tag] = bytes(await store.chunk(entry_at(reader, rel), k, whole=True))
             await trio.lowlevel.checkpoint()
 
     async def main() -> None:
