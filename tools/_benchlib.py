@@ -505,11 +505,14 @@ class SystemSetup:
 
 
 def fanfs_env(tree: Path | None = None) -> dict[str, str]:
-    """Environment for `python -m fanfs` that finds this checkout (or the fanfs source tree
-    `tree`, an older revision to compare with) even when not installed."""
+    """Environment for `python -m fanfs` that imports fanfs from this checkout (or from the
+    source tree `tree`, an older revision to compare with), ahead of any installed copy, and
+    never from the current directory, which `python -m` puts first on sys.path unless
+    PYTHONSAFEPATH is set (run from a checkout, a baseline would silently run its code)."""
     env = dict(os.environ)
     first = str(tree or REPO_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, env.get("PYTHONPATH")]))
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 
