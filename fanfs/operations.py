@@ -65,8 +65,8 @@ class MountInfo:
     files: int = 0
     prefetch: str = "off"  # off, kernel or daemon
     prefetch_memory: int = 0
-    # OPENDIR, RELEASEDIR and every xattr but user.fanfs.* answered in C by the patched
-    # pyfuse3, directory listings kept by the kernel (pyfuse3.fanfs_set_fast_paths).
+    # The kernel's no-opendir mode (directory listings kept by the kernel) and every xattr
+    # but user.fanfs.* answered in C by the patched pyfuse3 (pyfuse3.fanfs_set_fast_paths).
     fast_paths: bool = False
     filler: bool = False  # a background filler process fills the object cache
     hints: str | None = None  # the hint socket's path, while it is served
@@ -235,8 +235,9 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def opendir(self, inode: int, ctx: Any = None) -> int:
-        # With the fanfs pyfuse3 patch (level 4) OPENDIR is answered in C instead: the same
-        # handle, and the kernel keeps the listing (MountInfo.fast_paths).
+        # With the fanfs pyfuse3 patch (level 4) the first OPENDIR is answered ENOSYS in C
+        # instead: the kernel's no-opendir mode, which keeps the listings and sends READDIR
+        # with fh=0, passed on as the inode (MountInfo.fast_paths).
         self.shared.counters[sh.DIR_OPENS] += 1
         self._dir(inode)
         return inode

@@ -26,7 +26,7 @@ ROWS: Final = (
     ("lookups", "LOOKUP requests", "n"),
     ("readdirs", "READDIR requests", "n"),
     ("dir_opens", "OPENDIR requests (in Python)", "n"),
-    ("fast_opendirs", "OPENDIR answered in C (listing kept by the kernel)", "n"),
+    ("fast_opendirs", "OPENDIR answered ENOSYS in C (no-opendir mode)", "n"),
     ("xattr_calls", "xattr requests (in Python)", "n"),
     ("fast_getxattrs", "GETXATTR answered in C", "n"),
     ("fast_listxattrs", "LISTXATTR answered in C", "n"),

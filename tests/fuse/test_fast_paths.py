@@ -1,7 +1,7 @@
 """What `find`, `ls -l`, ImageFolder scans and `cp -a` ask of a mount, and what it costs the
-daemon: with the patched pyfuse3 (level 4) the kernel keeps directory listings (a second walk
-sends no READDIR) and OPENDIR and every xattr but user.fanfs.* are answered in C, never in
-Python. `--no-fast-paths` gives the same answers from Python, and the kernel drops the
+daemon: with the patched pyfuse3 (level 4) the kernel runs in no-opendir mode and keeps
+directory listings (a second walk sends no READDIR, and no walk an OPENDIR), and every xattr
+but user.fanfs.* is answered in C, never in Python. `--no-fast-paths` gives the same answers from Python, and the kernel drops the
 listings (which is what makes the counts below able to fail)."""
 
 from __future__ import annotations
@@ -58,12 +58,13 @@ def test_a_second_walk_sends_no_readdir(
     after_first = stats(mount)
     assert after_first["fast_paths"] is True
     assert after_first["readdirs"] > 0
-    assert after_first["fast_opendirs"] > 0 and after_first["dir_opens"] == 0
+    # the first OPENDIR, answered ENOSYS in C, switched the kernel to no-opendir mode
+    assert after_first["fast_opendirs"] >= 1 and after_first["dir_opens"] == 0
     assert walk(mount.mnt) == first
     assert subprocess.run(["find", mount.mnt], capture_output=True, check=True).stdout
     after = stats(mount)
     assert after["readdirs"] == after_first["readdirs"]  # every listing came from the kernel
-    assert after["fast_opendirs"] > after_first["fast_opendirs"]
+    assert after["fast_opendirs"] == after_first["fast_opendirs"]  # and no OPENDIR either
 
 
 def test_without_fast_paths_every_walk_reads_the_directories(
