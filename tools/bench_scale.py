@@ -303,10 +303,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pack-args", default="", help="extra `fanfs pack` arguments")
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` arguments")
+    p.add_argument(
+        "--workloads",
+        default="find,imagefolder,walk,ls,reads",
+        help="comma-separated subset of find,imagefolder,walk,ls,reads, or none (build and"
+        " mount only)",
+    )
     p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
     args = p.parse_args(argv)
     if args.files < CLASSES * 2:
         p.error("--files must be at least %d" % (CLASSES * 2))
+    args.workloads = [] if args.workloads == "none" else args.workloads.split(",")
+    unknown = set(args.workloads) - {"find", "imagefolder", "walk", "ls", "reads"}
+    if unknown:
+        p.error("unknown workloads: %s" % ", ".join(sorted(unknown)))
     args.systems = args.systems.split(",")
     unknown = set(args.systems) - {"native", "squashfuse", "fanfs", "fanfs-nofast"}
     if unknown:
@@ -374,16 +384,18 @@ def setup_systems(
 def measure(
     args: argparse.Namespace, systems: dict[str, dict[str, Any]], files: int, lists: Sequence[Path]
 ) -> dict[str, Any]:
-    workloads: list[tuple[str, Callable[[Path], int]]] = [
-        ("find -type f", run_find),
-        ("ImageFolder scan", run_imagefolder),
-        ("os.walk + lstat", run_walk_stat),
-        ("ls -lR", run_ls),
-        ("random reads, buffered", lambda root: run_reads(root, lists, "buffered")),
-        ("random reads, unbuffered", lambda root: run_reads(root, lists, "unbuffered")),
+    workloads: list[tuple[str, str, Callable[[Path], int]]] = [
+        ("find", "find -type f", run_find),
+        ("imagefolder", "ImageFolder scan", run_imagefolder),
+        ("walk", "os.walk + lstat", run_walk_stat),
+        ("ls", "ls -lR", run_ls),
+        ("reads", "random reads, buffered", lambda root: run_reads(root, lists, "buffered")),
+        ("reads", "random reads, unbuffered", lambda root: run_reads(root, lists, "unbuffered")),
     ]
     results: dict[str, Any] = {}
-    for wname, fn in workloads:
+    for key, wname, fn in workloads:
+        if key not in args.workloads:
+            continue
         for sname, system in systems.items():
             root = system["root"]
             bl.drop_caches()
