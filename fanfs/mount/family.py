@@ -24,12 +24,8 @@ log = logging.getLogger("fanfs.mount")
 # Serving processes by default: two use both cores of a small node and most of the gain on a
 # large one (each process is one trio thread; DESIGN.md section 4).
 DEFAULT_PROCESSES: Final = 2
-
-
 # How long the first process waits for the others to exit after the unmount.
 REAP_WAIT_S: Final = 5.0
-
-
 PR_SET_PDEATHSIG: Final = 1
 
 
