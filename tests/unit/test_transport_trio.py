@@ -189,17 +189,6 @@ def transport_module() -> Iterator[types.ModuleType]:
     yield module
 
 
-def make_ranks(module: types.ModuleType, size: int, window_s: float = 0.0) -> tuple[World, list]:
-    world = World(size)
-    module.MPI.COMM_WORLD = world.comm(0)
-    ranks = []
-    for rank in range(size):
-        transport = module.Transport(window_s)
-        transport.comm, transport.rank = world.comm(rank), rank
-        ranks.append(transport)
-    return world, ranks
-
-
 class Answers:
     """A deliver callback that records what arrives (from the MPI thread)."""
 
@@ -230,27 +219,40 @@ def refuse(partition: int, offset: int, length: int) -> bytes:
 
 
 @pytest.fixture
-def started() -> Iterator[Callable[..., None]]:
-    """`start(transport, serve, deliver)`; every started transport is stopped at the end."""
-    running = []
+def job(transport_module: types.ModuleType) -> Iterator[Callable[..., tuple[World, list, Answers]]]:
+    """`job(size, window_s=0.0, serve=stored, running=all)`: the ranks of one job, the
+    ranks in `running` started (serving with `serve`; rank 0's answers recorded in the
+    Answers returned); every rank is stopped at the end, and its thread must be gone."""
+    ranks: list[Any] = []
 
-    def start(transport: Any, serve: Callable[[int, int, int], bytes], deliver: Any) -> None:
-        transport.start(serve, deliver)
-        running.append(transport)
+    def start(
+        size: int,
+        window_s: float = 0.0,
+        serve: Callable[[int, int, int], bytes] = stored,
+        running: tuple[int, ...] | None = None,
+    ) -> tuple[World, list, Answers]:
+        world, answers = World(size), Answers()
+        transport_module.MPI.COMM_WORLD = world.comm(0)
+        mine = []
+        for rank in range(size):
+            transport = transport_module.Transport(window_s)
+            transport.comm, transport.rank = world.comm(rank), rank
+            mine.append(transport)
+            if running is None or rank in running:
+                transport.start(serve, answers if rank == 0 else Answers())
+        ranks.extend(mine)
+        return world, mine, answers
 
     yield start
-    for transport in running:
+    for transport in ranks:
         transport.stop()
-        assert transport._thread is not None and not transport._thread.is_alive()
+        assert transport._thread is None or not transport._thread.is_alive()
 
 
 def test_a_window_of_requests_is_one_message_each_way(
-    transport_module: types.ModuleType, started: Callable[..., None]
+    transport_module: types.ModuleType, job: Callable[..., Any]
 ) -> None:
-    world, (asker, owner) = make_ranks(transport_module, 2, window_s=0.05)
-    answers = Answers()
-    started(asker, refuse, answers)
-    started(owner, stored, Answers())
+    world, (asker, owner), answers = job(2, window_s=0.05)
     for req_id in range(5):
         asker.submit(1, (req_id, 3, req_id * 100, 100))
     got = answers.wait(5)
@@ -272,14 +274,8 @@ def test_a_window_of_requests_is_one_message_each_way(
     }
 
 
-def test_requests_for_two_owners_go_in_one_message_per_owner(
-    transport_module: types.ModuleType, started: Callable[..., None]
-) -> None:
-    world, ranks = make_ranks(transport_module, 3, window_s=0.05)
-    answers = Answers()
-    started(ranks[0], refuse, answers)
-    started(ranks[1], stored, Answers())
-    started(ranks[2], stored, Answers())
+def test_requests_for_two_owners_go_in_one_message_per_owner(job: Callable[..., Any]) -> None:
+    world, ranks, answers = job(3, window_s=0.05)
     for req_id, dest in enumerate([1, 2, 1, 2, 1]):
         ranks[0].submit(dest, (req_id, req_id, 0, 10))
     assert answers.wait(5) == {i: (True, stored(i, 0, 10)) for i in range(5)}
@@ -287,13 +283,8 @@ def test_requests_for_two_owners_go_in_one_message_per_owner(
     assert sorted(requests) == [(1, [0, 2, 4]), (2, [1, 3])]
 
 
-def test_a_refusal_is_an_answer_naming_the_rank_and_partition(
-    transport_module: types.ModuleType, started: Callable[..., None]
-) -> None:
-    _, (asker, owner) = make_ranks(transport_module, 2)
-    answers = Answers()
-    started(asker, stored, answers)
-    started(owner, refuse, Answers())
+def test_a_refusal_is_an_answer_naming_the_rank_and_partition(job: Callable[..., Any]) -> None:
+    _, (asker, owner), answers = job(2, serve=refuse)
     asker.submit(1, (7, 4, 0, 10))
     assert answers.wait(1) == {
         7: (False, "rank 1 cannot serve partition 4: [Errno 5] Input/output error")
@@ -302,13 +293,8 @@ def test_a_refusal_is_an_answer_naming_the_rank_and_partition(
     assert "bytes_served" not in owner.statistics()
 
 
-def test_a_partition_not_held_is_refused(
-    transport_module: types.ModuleType, started: Callable[..., None]
-) -> None:
-    _, (asker, owner) = make_ranks(transport_module, 2)
-    answers = Answers()
-    started(asker, stored, answers)
-    started(owner, stored, Answers())
+def test_a_partition_not_held_is_refused(job: Callable[..., Any]) -> None:
+    _, (asker, _), answers = job(2)
     asker.submit(1, (1, 12, 0, 10))
     asker.submit(1, (2, 2, 0, 10))
     assert answers.wait(2) == {
@@ -318,13 +304,10 @@ def test_a_partition_not_held_is_refused(
 
 
 def test_a_send_to_a_dead_peer_fails_its_requests_and_the_thread_serves_on(
-    transport_module: types.ModuleType, started: Callable[..., None]
+    job: Callable[..., Any],
 ) -> None:
-    world, ranks = make_ranks(transport_module, 3)
+    world, ranks, answers = job(3, running=(0, 1))
     world.dead.add(2)
-    answers = Answers()
-    started(ranks[0], stored, answers)
-    started(ranks[1], stored, Answers())
     ranks[0].submit(2, (1, 0, 0, 10))
     assert answers.wait(1) == {
         1: (False, "send to rank 2 failed: MPI_ERR_PROC_FAILED: rank 2 is gone")
@@ -335,12 +318,9 @@ def test_a_send_to_a_dead_peer_fails_its_requests_and_the_thread_serves_on(
 
 
 def test_a_batch_of_enough_bytes_leaves_before_its_window(
-    transport_module: types.ModuleType, started: Callable[..., None]
+    transport_module: types.ModuleType, job: Callable[..., Any]
 ) -> None:
-    _, (asker, owner) = make_ranks(transport_module, 2, window_s=60.0)
-    answers = Answers()
-    started(asker, stored, answers)
-    started(owner, lambda p, o, n: b"x", Answers())
+    _, (asker, _), answers = job(2, window_s=60.0, serve=lambda p, o, n: b"x")
     half = transport_module.BATCH_MAX_BYTES // 2
     asker.submit(1, (1, 0, 0, half))
     time.sleep(0.05)
@@ -352,24 +332,15 @@ def test_a_batch_of_enough_bytes_leaves_before_its_window(
     assert asker.statistics()["messages_sent"] == 1
 
 
-def test_a_receive_that_completes_late_is_delivered(
-    transport_module: types.ModuleType, started: Callable[..., None]
-) -> None:
-    world, (asker, owner) = make_ranks(transport_module, 2)
+def test_a_receive_that_completes_late_is_delivered(job: Callable[..., Any]) -> None:
+    world, (asker, _), answers = job(2)
     world.recv_delay = 20  # polls of the request before its data is there
-    answers = Answers()
-    started(asker, stored, answers)
-    started(owner, stored, Answers())
     asker.submit(1, (9, 1, 5, 20))
     assert answers.wait(1) == {9: (True, stored(1, 5, 20))}
 
 
-def test_a_silent_peer_gets_no_answer_and_stop_is_bounded(
-    transport_module: types.ModuleType,
-) -> None:
-    _, (asker, _silent) = make_ranks(transport_module, 2)
-    answers = Answers()
-    asker.start(stored, answers)  # rank 1's thread never runs: nobody answers
+def test_a_silent_peer_gets_no_answer_and_stop_is_bounded(job: Callable[..., Any]) -> None:
+    _, (asker, _), answers = job(2, running=(0,))  # rank 1's thread never runs
     asker.submit(1, (1, 0, 0, 10))
     time.sleep(0.1)
     assert answers.got == {}
@@ -380,11 +351,11 @@ def test_a_silent_peer_gets_no_answer_and_stop_is_bounded(
 
 
 def test_collectives_across_ranks(
-    transport_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+    transport_module: types.ModuleType, job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A blob larger than a piece goes in several Bcasts; every rank gets it whole.
     monkeypatch.setattr(transport_module, "BCAST_PIECE", 1000)
-    _, ranks = make_ranks(transport_module, 3)
+    _, ranks, _ = job(3, running=())  # collectives come before the MPI thread
     blob = bytes(range(256)) * 10  # 2560 bytes: 3 pieces
     results: dict[int, Any] = {}
 
@@ -408,11 +379,11 @@ def test_collectives_across_ranks(
 
 
 def test_remote_source_fetches_through_two_transports_under_trio(
-    transport_module: types.ModuleType, started: Callable[..., None], tmp_path: Path
+    job: Callable[..., Any], tmp_path: Path
 ) -> None:
     """The whole remote read path but the wire: trio fetch, rank 0's MPI thread, rank 1's
     thread serving from its partitions, the answer back through deliver into trio."""
-    _, (asker, owner) = make_ranks(transport_module, 2, window_s=0.001)
+    _, (asker, owner), _ = job(2, window_s=0.001, running=(1,))
     source = RemoteSource(
         asker,
         [(0,), (1,), (1,)],  # partitions 1 and 2 live on rank 1
@@ -421,11 +392,10 @@ def test_remote_source_fetches_through_two_transports_under_trio(
         shared=SharedState(processes=1, partitions=3, chunks=1),
         io_limiter=trio.CapacityLimiter(2),
     )
-    started(owner, stored, Answers())
 
     async def main() -> list[bytes]:
         source.attach()
-        started(asker, refuse, source.deliver)
+        asker.start(refuse, source.deliver)
         got: list[bytes] = [b""] * 6
         async with trio.open_nursery() as nursery:
             for n in range(6):
