@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fanfs at ImageNet scale: packing, mounting and walking a tree of a million small files,
-side by side with the raw tree and squashfuse_ll over a squashfs image of the same files.
+side by side with the raw tree, the kernel's EROFS and squashfuse_ll over images of the same
+files.
 
     python tools/bench_scale.py                      # 1,331,167 files (ImageNet-1k shaped)
     python tools/bench_scale.py --files 100000       # the same shape, scaled down
@@ -12,7 +13,7 @@ and val/ with 1,000 class directories holding 50,000 (scaled together by --files
 --workdir/--keep for later runs. Every step is timed for every system in one run, so the
 ratios are comparable on this noisy shared machine:
 
-- build: `fanfs pack` and `mksquashfs`: wall time, peak RSS (ru_maxrss of the build), size;
+- build: `fanfs pack`, `mkfs.erofs` and `mksquashfs`: wall time, peak RSS (ru_maxrss of the build), size;
 - mount: time until the mount is in mountinfo, and the daemon's RSS (and PSS for fanfs);
 - `find MNT -type f`; an ImageFolder scan (scandir of the class directories, then os.walk of
   each, as torchvision's make_dataset does); os.walk with an lstat of every file; `ls -lR`;
@@ -22,7 +23,8 @@ ratios are comparable on this noisy shared machine:
 each cold (after dropping the page cache, dentries and inodes) and then warm (median of
 --repeats). fanfs is also mounted with `--no-fast-paths` (system fanfs-nofast, the same pack)
 unless --no-nofast: that is fanfs before pyfuse3 patch level 4's cached listings and C xattr
-answers. Needs root (drop_caches, mounts), fuse3, squashfs-tools and squashfuse.
+answers. Needs root (drop_caches, mounts), fuse3, squashfs-tools, squashfuse and erofs-utils
+(mkfs.erofs -zlz4hc; the kernel mounts the image through a loop device).
 """
 
 from __future__ import annotations
@@ -298,17 +300,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the tree and images for the next run")
     p.add_argument(
         "--systems",
-        default="native,squashfuse,fanfs,fanfs-nofast",
-        help="comma-separated subset of native,squashfuse,fanfs,fanfs-nofast",
+        default="native,erofs,squashfuse,fanfs,fanfs-nofast",
+        help="comma-separated subset of native,erofs,squashfuse,fanfs,fanfs-nofast",
     )
     p.add_argument("--pack-args", default="", help="extra `fanfs pack` arguments")
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` arguments")
+    p.add_argument(
+        "--workloads",
+        default="find,imagefolder,walk,ls,reads",
+        help="comma-separated subset of find,imagefolder,walk,ls,reads, or none (build and"
+        " mount only)",
+    )
     p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
     args = p.parse_args(argv)
     if args.files < CLASSES * 2:
         p.error("--files must be at least %d" % (CLASSES * 2))
+    args.workloads = [] if args.workloads == "none" else args.workloads.split(",")
+    unknown = set(args.workloads) - {"find", "imagefolder", "walk", "ls", "reads"}
+    if unknown:
+        p.error("unknown workloads: %s" % ", ".join(sorted(unknown)))
     args.systems = args.systems.split(",")
-    unknown = set(args.systems) - {"native", "squashfuse", "fanfs", "fanfs-nofast"}
+    unknown = set(args.systems) - {"native", "erofs", "squashfuse", "fanfs", "fanfs-nofast"}
     if unknown:
         p.error("unknown systems: %s" % ", ".join(sorted(unknown)))
     return args
@@ -341,6 +353,25 @@ def setup_systems(
             )
         )
         systems["squashfuse"] = {"root": mnt, **info}
+    if "erofs" in args.systems:
+        # The kernel's own compressed read-only filesystem (lz4hc, Debian's erofs-utils): the
+        # physical limit for a compressed image, with no daemon round trip at all.
+        img, mnt, log_path = work / "image.erofs", work / "mnt-erofs", work / "erofs.log"
+        img.unlink(missing_ok=True)
+        info = build(
+            "erofs", ["mkfs.erofs", "--quiet", "-zlz4hc", str(img), str(tree)], img, log_path
+        )
+        info.update(
+            mount(
+                "erofs",
+                mnt,
+                ["mount", "-t", "erofs", "-o", "ro", str(img), str(mnt)],
+                ["umount", str(mnt)],
+                mounts,
+                log_path,
+            )
+        )
+        systems["erofs"] = {"root": mnt, **info}
     fanfs = [sys.executable, "-m", "fanfs"]
     if {"fanfs", "fanfs-nofast"} & set(args.systems):
         pack, log_path = work / "pack.fan", work / "fanfs.log"
@@ -374,16 +405,18 @@ def setup_systems(
 def measure(
     args: argparse.Namespace, systems: dict[str, dict[str, Any]], files: int, lists: Sequence[Path]
 ) -> dict[str, Any]:
-    workloads: list[tuple[str, Callable[[Path], int]]] = [
-        ("find -type f", run_find),
-        ("ImageFolder scan", run_imagefolder),
-        ("os.walk + lstat", run_walk_stat),
-        ("ls -lR", run_ls),
-        ("random reads, buffered", lambda root: run_reads(root, lists, "buffered")),
-        ("random reads, unbuffered", lambda root: run_reads(root, lists, "unbuffered")),
+    workloads: list[tuple[str, str, Callable[[Path], int]]] = [
+        ("find", "find -type f", run_find),
+        ("imagefolder", "ImageFolder scan", run_imagefolder),
+        ("walk", "os.walk + lstat", run_walk_stat),
+        ("ls", "ls -lR", run_ls),
+        ("reads", "random reads, buffered", lambda root: run_reads(root, lists, "buffered")),
+        ("reads", "random reads, unbuffered", lambda root: run_reads(root, lists, "unbuffered")),
     ]
     results: dict[str, Any] = {}
-    for wname, fn in workloads:
+    for key, wname, fn in workloads:
+        if key not in args.workloads:
+            continue
         for sname, system in systems.items():
             root = system["root"]
             bl.drop_caches()
@@ -409,7 +442,7 @@ def table(systems: dict[str, dict[str, Any]], results: dict[str, Any]) -> str:
     base = "native" if "native" in systems else names[0]
     rows = []
     for key, label, scale, unit in (
-        ("build_s", "build (pack, mksquashfs) time", 1, "s"),
+        ("build_s", "build time (pack, mkfs)", 1, "s"),
         ("build_peak_rss", "build peak RSS", 1e-6, "MB"),
         ("size_bytes", "size", 1e-9, "GB"),
         ("mount_s", "mount time", 1, "s"),

@@ -17,6 +17,7 @@ from typing import Any
 import pyfuse3
 import pytest
 
+from fanfs import shared as sh
 from tests.conftest import Mount, run_fanfs
 
 pytestmark = pytest.mark.fuse
@@ -26,6 +27,11 @@ requires_patch = pytest.mark.skipif(
     not FAST and os.environ.get("CI") != "true",
     reason="needs the fanfs pyfuse3 patch level 4 (tools/setup.sh)",
 )
+
+
+@requires_patch
+def test_the_c_counters_are_where_the_stats_expect_them() -> None:
+    assert tuple(pyfuse3.FANFS_FAST_COUNTERS) == sh.FAST_COUNTERS
 
 
 def stats(mount: Mount) -> dict[str, Any]:
