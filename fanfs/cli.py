@@ -63,8 +63,8 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_cmd_pack)
 
 
-# Serving processes of a mount by default (mount.py: min(2, cores)); each decodes inline on one
-# thread, so that is how many cores decode at once.
+# Serving processes of a mount by default (mount/family.py: min(2, CPUs)); each decodes inline
+# on one thread, so that is how many cores decode at once.
 _MOUNT_PROCESSES = 2
 
 

@@ -139,7 +139,7 @@ class Operations(pyfuse3.Operations):
         self.noopen = noopen
         self.info = info
         self.extra_stats = extra_stats
-        # Set by mount.py in each serving process when prefetching is on.
+        # Set by mount/serve.py in each serving process when prefetching is on.
         self.prefetcher: Prefetcher | None = None
         self.uid = os.getuid()
         self.gid = os.getgid()
@@ -147,7 +147,7 @@ class Operations(pyfuse3.Operations):
         self._nlink = nlink.data.cast("B").cast("I")
 
     def init(self) -> None:
-        # Called by libfuse inside the INIT handshake; mount.py hooks readiness (and, with
+        # Called by libfuse inside the INIT handshake; mount/serve.py hooks readiness (and, with
         # several serving processes, the stop before forking) onto it. Must not raise.
         self.initialized = True
         for callback in self.init_callbacks:

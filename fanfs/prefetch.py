@@ -309,9 +309,10 @@ class Prefetcher:
                 log.exception("read-ahead failed (reads are not affected)", extra=LOG_ONCE)
 
     async def _work(self, local: list[tuple[int, int]], remote: list[tuple[int, int]]) -> None:
-        # Each loaded chunk is made readable at once (before the next await): a READ
-        # arriving meanwhile must find it rather than load it a second time.
-        loaded = self._keep(await self.store.prefetch_local(local, self._limiter)) if local else []
+        # The store keeps (or holds, for the push) each loaded chunk before it returns: a
+        # READ arriving meanwhile finds it rather than load it a second time.
+        push = self.notify is not None
+        loaded = await self.store.prefetch_local(local, self._limiter, push=push) if local else []
         if remote:
             # All at once: the MPI thread sends the requests queued for one owner as one
             # message, so a batch of read-ahead costs a message per owner, not per chunk.
@@ -324,9 +325,11 @@ class Prefetcher:
     async def _fetch_remote(
         self, entry: int, chunk_no: int, loaded: list[tuple[int, int, bytes | memoryview]]
     ) -> None:
-        data = await self.store.prefetch(entry, chunk_no, self._limiter)
+        data = await self.store.prefetch(
+            entry, chunk_no, self._limiter, push=self.notify is not None
+        )
         if data is not None:
-            loaded += self._keep([(entry, chunk_no, data)])
+            loaded.append((entry, chunk_no, data))
 
     def _next_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """Up to BATCH_BYTES of queued chunks that no reader has got to yet."""
@@ -356,23 +359,10 @@ class Prefetcher:
             nbytes += store.usize(entry, chunk_no)
         return local, remote
 
-    def _keep(
-        self, loaded: list[tuple[int, int, bytes | memoryview]]
-    ) -> list[tuple[int, int, bytes | memoryview]]:
-        """Into the daemon's buffer (returns nothing to push), or held for the push."""
-        store = self.store
-        first = self.index.first
-        for entry, chunk_no, data in loaded:
-            if self.notify is None:
-                store.keep_prefetched(first[entry] + chunk_no, data, pushed=False)
-            else:
-                store.hold(first[entry] + chunk_no, data)
-        return loaded if self.notify is not None else []
-
     async def _push(self, loaded: list[tuple[int, int, bytes | memoryview]]) -> None:
         """Push held chunks into the page cache, in a thread: the kernel locks the pages it
         stores into, and a READ of those pages holds them locked until this process answers
-        it (from `_holding`, on the trio thread)."""
+        it (from the store's held chunks, on the trio thread)."""
         pushed = await trio.to_thread.run_sync(self._push_all, loaded, limiter=self._limiter)
         first = self.index.first
         for (entry, chunk_no, data), ok in zip(loaded, pushed, strict=True):
@@ -409,7 +399,7 @@ class CacheFiller:
     page cache too, so that a shuffled epoch finds them with no READ at all. Stops when the
     cache budget is spent (decoded objects kept, plus raw chunks pushed) or every chunk is
     done. Blocking; single-node mounts run it in a process of its own at the lowest CPU
-    priority (mount.py), so it uses only cores the readers leave idle and never holds a
+    priority (mount/family.py), so it uses only cores the readers leave idle and never holds a
     serving process's GIL."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """`SharedState`: the memory every serving process of one mount shares.
 
 A mount may be served by several processes on the same /dev/fuse (forked after the INIT
-handshake, see mount.py). They share, through one anonymous MAP_SHARED mapping created before
+handshake, see mount/serve.py). They share, through one anonymous MAP_SHARED mapping created before
 the fork: the counters (one row per process, summed for statistics), the per-partition
 "resident in memory" flags (set by the preloading thread in the first process, read by all), a
 bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails at once in

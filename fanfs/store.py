@@ -14,9 +14,13 @@ Where decoded chunks are kept (cache.py has the policies):
   kernel asks for a large file 128 KiB to 1 MiB at a time) and chunks the prefetcher decoded
   that neither the object cache nor the kernel's page cache took.
 
-The prefetcher (prefetch.py) loads through `prefetch()`, which shares the single-flight map
-with demand reads but never reports its failures to them: a reader that waited for a failed
-prefetch loads the chunk itself and gets its own error.
+The prefetcher (prefetch.py) sits above the store and data flows one way, down: it asks
+(`prefetch`, `prefetch_local`) and reports what the kernel took (`keep_prefetched`); the
+store never imports or calls it. The read-ahead interface is the section "Read-ahead" of
+`ChunkStore`. A prefetch shares the single-flight map with demand reads but never reports
+its failures to them: a reader that waited for a failed prefetch loads the chunk itself and
+gets its own error. What a prefetch loaded is kept (or held for the push into the page
+cache) by the store before the call returns, so a READ arriving meanwhile finds it.
 
 Never raises FUSEError and never logs failures: it raises `CorruptDataError` with the file
 named, and operations.py translates and logs once. Sync methods are O(1); `chunk()` is async
@@ -230,9 +234,16 @@ class ChunkStore:
                 self.shared.counters[sh.PREFETCH_WASTED] += 1
         return stored
 
-    def hold(self, cid: int, data: bytes | memoryview) -> None:
-        """Make a prefetched chunk readable while it is being pushed to the kernel."""
-        self._holding[cid] = data
+    # -- Read-ahead: what prefetch.py calls (with usize, is_local, is_mapped, is_cached,
+    # is_pending, was_pushed and prefetched_bytes above). Nothing here calls up.
+
+    def _keep_loaded(self, cid: int, data: bytes | memoryview, *, push: bool) -> None:
+        """A prefetch loaded `data`: held while it is pushed to the kernel (readers take it
+        from here), or kept at once (the caller does not push)."""
+        if push:
+            self._holding[cid] = data
+        else:
+            self.keep_prefetched(cid, data, pushed=False)
 
     def keep_prefetched(self, cid: int, data: bytes | memoryview, *, pushed: bool) -> None:
         """Keep a chunk the prefetcher decoded. `pushed`: the kernel's page cache took it."""
@@ -265,12 +276,14 @@ class ChunkStore:
             counters[sh.PREFETCH_DROPPED] += 1
 
     async def prefetch(
-        self, entry: int, chunk_no: int, limiter: trio.CapacityLimiter
+        self, entry: int, chunk_no: int, limiter: trio.CapacityLimiter, *, push: bool
     ) -> bytes | memoryview | None:
         """Load and decode a chunk ahead of its readers, in `limiter`'s threads (or from a
-        peer). Returns None if it is already present or the load failed (counted in
-        prefetch_failed, logged at DEBUG only: the reader that needs the chunk loads it again
-        and reports its own error)."""
+        peer), and keep it (`push`: hold it, and return it for the caller to push into the
+        page cache, then report with `keep_prefetched`). Returns None if there is nothing to
+        push: not pushing, already present, or the load failed (counted in prefetch_failed,
+        logged at DEBUG only: the reader that needs the chunk loads it again and reports its
+        own error)."""
         cid = self.index.first[entry] + chunk_no
         if self.is_pending(cid) or self.shared.is_broken(cid):
             return None
@@ -278,7 +291,8 @@ class ChunkStore:
         if self.objects is not None:
             cached = self.objects.get(cid)
             if cached is not None:  # decoded already: only the kernel push is left to do
-                return cached
+                self._keep_loaded(cid, cached, push=push)
+                return cached if push else None
         flight = self._inflight[cid] = _Flight(prefetch=True)
         try:
             flight.data = await self._load(cid, self.usize(entry, chunk_no), limiter)
@@ -297,14 +311,18 @@ class ChunkStore:
                 # between would find it nowhere and load it again.
                 self._keep(cid, flight.data, whole=True)
             return None
-        return flight.data
+        if flight.data is None:
+            return None
+        self._keep_loaded(cid, flight.data, push=push)
+        return flight.data if push else None
 
     async def prefetch_local(
-        self, jobs: list[tuple[int, int]], limiter: trio.CapacityLimiter
+        self, jobs: list[tuple[int, int]], limiter: trio.CapacityLimiter, *, push: bool
     ) -> list[tuple[int, int, bytes | memoryview]]:
         """`prefetch` for a batch of chunks of local partitions, decoded in one thread call
         (a thread hand-off costs about as much as decoding a 100 kB chunk). Returns
-        (entry, chunk, data) for the chunks that were loaded and that no reader took."""
+        (entry, chunk, data) of the chunks to push: with `push`, those that were loaded and
+        that no reader took (held until `keep_prefetched`); without, none."""
         counters = self.shared.counters
         out: list[tuple[int, int, bytes | memoryview]] = []
         flights: list[tuple[int, int, int, int, _Flight]] = []
@@ -320,7 +338,7 @@ class ChunkStore:
             flight = self._inflight[cid] = _Flight(prefetch=True)
             flights.append((entry, chunk_no, cid, self.usize(entry, chunk_no), flight))
         if not flights:
-            return out
+            return self._keep_all_loaded(out, push=push)
         outcomes: list[tuple[bytes | memoryview | None, FanfsError | None]] = []
         try:
             counters[sh.THREAD_DECODES] += len(flights)
@@ -346,7 +364,15 @@ class ChunkStore:
                         self._keep(cid, flight.data, whole=True)  # see prefetch()
                     else:
                         out.append((entry, chunk_no, flight.data))
-        return out
+        return self._keep_all_loaded(out, push=push)
+
+    def _keep_all_loaded(
+        self, loaded: list[tuple[int, int, bytes | memoryview]], *, push: bool
+    ) -> list[tuple[int, int, bytes | memoryview]]:
+        first = self.index.first
+        for entry, chunk_no, data in loaded:
+            self._keep_loaded(first[entry] + chunk_no, data, push=push)
+        return loaded if push else []
 
     def _decode_many(
         self, chunks: list[tuple[int, int]]

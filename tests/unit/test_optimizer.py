@@ -208,7 +208,7 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
     # The decode passes are timed with the thread's CPU clock, never the wall clock, and the
     # fastest pass is kept: a pass the machine's other work slowed down does not count. The
     # result is scaled by the cold-cache factor.
-    import fanfs.optimizer as optimizer
+    import fanfs.optimizer.measurement as optimizer
 
     cpu = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # passes of 5, 2 and 3 s
 
@@ -234,7 +234,7 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
 def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each object is decoded after evicting the caches and timed on its own (minus the
     # clock's cost); the fastest cold pass over the hot time, never below 1.
-    import fanfs.optimizer as optimizer
+    import fanfs.optimizer.measurement as optimizer
 
     coded = [(1, b"", 0), (1, b"", 0)]
     monkeypatch.setattr(optimizer, "decompress", lambda codec, s, size, dic: b"")

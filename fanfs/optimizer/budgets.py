@@ -1,0 +1,213 @@
+"""Budgets and the plan: `PlanSettings`, the decode budget of the sync and prefetch modes,
+`make_plan` (classes, sample, profile, select) and `plan_record` for the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fanfs.compression import (
+    CodecSpec,
+)
+from fanfs.errors import UsageError
+from fanfs.optimizer.candidates import DEFAULT_CODECS, Candidate, parse_candidates
+from fanfs.optimizer.classes import FileRef
+from fanfs.optimizer.measurement import ClassProfile, MeasureFn, measure, profile
+from fanfs.optimizer.sampling import ReadModel, fit_read_model, read_unit, sample_classes
+from fanfs.optimizer.selection import Objective, Selection, select
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    """Everything `fanfs plan` and `fanfs pack --codec auto` take (see `fanfs plan --help`)."""
+
+    mode: str = "sync"  # "sync" | "prefetch" | "capacity"
+    max_overhead: float = 0.05
+    compute_s: float = 0.0
+    read_model: ReadModel | None = None  # None: fitted on the sample reads
+    target_files_per_s: float | None = None
+    target_bytes_per_s: float | None = None
+    decode_cores: float = 2.0
+    capacity_bytes: int | None = None
+    check_mode: str | None = None  # with a capacity: also hold this mode's budget
+    sample_bytes: int = 64 * 1024 * 1024
+    time_budget_s: float = 60.0
+    seed: int = 0
+    candidates: tuple[Candidate, ...] = field(
+        default_factory=lambda: parse_candidates(DEFAULT_CODECS)
+    )
+
+
+def decode_budget(
+    mode: str, settings: PlanSettings, files: int, size: int, read: ReadModel
+) -> float:
+    """Seconds of one-thread decode allowed per epoch (every file read once).
+
+    sync: decode adds to every read, so the epoch's total decode may be at most
+        max_overhead x (raw read time + compute time) of the epoch; an average over files,
+        which is what the epoch time sees.
+    prefetch: decode runs on `decode_cores` otherwise idle cores while the job consumes the
+        target rate, so an epoch at that rate lasts files / rate (or bytes / rate) seconds and
+        offers decode_cores x that many seconds of decode.
+    """
+    if mode == "sync":
+        return settings.max_overhead * (read.seconds(files, size) + files * settings.compute_s)
+    if mode == "prefetch":
+        if settings.target_files_per_s:
+            epoch_s = files / settings.target_files_per_s
+        elif settings.target_bytes_per_s:
+            epoch_s = size / settings.target_bytes_per_s
+        else:
+            raise UsageError("--mode prefetch needs --target-rate")
+        return settings.decode_cores * epoch_s
+    raise ValueError(mode)
+
+
+@dataclass(slots=True)
+class Plan:
+    """A profiled dataset and the selection made for it (what plan.py prints and pack runs)."""
+
+    settings: PlanSettings
+    read_model: ReadModel
+    profiles: list[ClassProfile]
+    selection: Selection
+    budget_s: float | None
+    files: int
+    total_bytes: int
+    sample_units: int
+    sample_bytes: int
+    elapsed_s: float
+    chunk_size: int
+
+    def choice(self, class_name: str) -> tuple[CodecSpec, bytes | None]:
+        for prof, est in zip(self.profiles, self.selection.choices, strict=True):
+            if prof.name == class_name:
+                return est.candidate.spec, prof.dictionary if est.candidate.use_dict else None
+        raise KeyError(class_name)
+
+    @property
+    def class_names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.profiles)
+
+
+def make_plan(
+    files: Sequence[FileRef],
+    settings: PlanSettings,
+    *,
+    chunk_size: int,
+    measure_fn: MeasureFn = measure,
+    reader: Callable[[bytes, int, int], tuple[bytes, float]] = read_unit,
+) -> Plan:
+    """Sample, profile and select: the whole of `fanfs plan`."""
+    start = time.perf_counter()
+    classes, reads = sample_classes(
+        files,
+        chunk_size=chunk_size,
+        sample_bytes=settings.sample_bytes,
+        seed=settings.seed,
+        reader=reader,
+    )
+    read_model = settings.read_model or fit_read_model(reads)
+    profiles = profile(
+        classes, settings.candidates, time_budget_s=settings.time_budget_s, measure_fn=measure_fn
+    )
+    n_files, n_bytes = len(files), sum(f.size for f in files)
+    budget: float | None = None
+    if settings.mode in ("sync", "prefetch"):
+        budget = decode_budget(settings.mode, settings, n_files, n_bytes, read_model)
+    elif settings.check_mode:
+        budget = decode_budget(settings.check_mode, settings, n_files, n_bytes, read_model)
+    objective = Objective(settings.mode, budget, settings.capacity_bytes)
+    selection = select(profiles, objective)
+    return Plan(
+        settings,
+        read_model,
+        profiles,
+        selection,
+        budget,
+        n_files,
+        n_bytes,
+        sum(len(c.units) for c in classes),
+        sum(len(u) for c in classes for u in c.units),
+        time.perf_counter() - start,
+        chunk_size,
+    )
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    """The plan as JSON-able data (`fanfs plan --json`, the pack manifest's `plan`)."""
+    s, sel = plan.settings, plan.selection
+    classes = []
+    for prof, est in zip(plan.profiles, sel.choices, strict=True):
+        classes.append(
+            {
+                "class": prof.name,
+                "files": prof.files,
+                "bytes": prof.total_bytes,
+                "codec": str(est.candidate),
+                "ratio": round(prof.ratio(est), 4),
+                "decode_mbps": (
+                    round(prof.total_bytes / est.decode_s / 1e6, 1) if est.decode_s else None
+                ),
+                "decode_s": round(est.decode_s, 6),
+                "budget_share": round(est.decode_s / plan.budget_s, 4) if plan.budget_s else None,
+                "projected_bytes": est.stored_bytes,
+                "compress_mbps": round(prof.total_bytes / est.compress_s / 1e6, 2)
+                if est.compress_s
+                else None,
+                "sample_units": est.sample_units,
+                "sample_bytes": est.sample_bytes,
+                "dictionary_bytes": len(prof.dictionary)
+                if est.candidate.use_dict and prof.dictionary
+                else 0,
+                "candidates": [
+                    {
+                        "codec": str(e.candidate),
+                        "projected_bytes": e.stored_bytes,
+                        "decode_s": round(e.decode_s, 6),
+                        "compress_s": round(e.compress_s, 6),
+                        "sample_units": e.sample_units,
+                        "sample_bytes": e.sample_bytes,
+                    }
+                    for e in prof.estimates
+                ],
+            }
+        )
+    return {
+        "mode": s.mode,
+        "check_mode": s.check_mode,
+        "feasible": sel.feasible,
+        "problem": sel.problem or None,
+        "exact": sel.exact,
+        "gap": sel.gap,
+        "budget_s": round(plan.budget_s, 6) if plan.budget_s is not None else None,
+        "decode_s": round(sel.decode_s, 6),
+        "files": plan.files,
+        "bytes": plan.total_bytes,
+        "projected_bytes": sel.stored_bytes,
+        "settings": {
+            "max_overhead": s.max_overhead,
+            "compute_ms": s.compute_s * 1e3,
+            "read_latency_ms": round(plan.read_model.latency_s * 1e3, 6),
+            "read_mbps": round(plan.read_model.bytes_per_s / 1e6, 3),
+            "read_model": plan.read_model.source,
+            "target_files_per_s": s.target_files_per_s,
+            "target_mbps": s.target_bytes_per_s / 1e6 if s.target_bytes_per_s else None,
+            "decode_cores": s.decode_cores,
+            "capacity_bytes": s.capacity_bytes,
+            "sample_bytes_budget": s.sample_bytes,
+            "time_budget_s": s.time_budget_s,
+            "seed": s.seed,
+            "chunk_size": plan.chunk_size,
+            "candidates": [str(c) for c in s.candidates],
+        },
+        "sample": {
+            "units": plan.sample_units,
+            "bytes": plan.sample_bytes,
+            "seconds": round(plan.elapsed_s, 3),
+        },
+        "classes": classes,
+    }

@@ -1,0 +1,157 @@
+"""The seeded, stratified sample of each class, and the raw-read model fitted to reading it."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from fanfs.format.layout import chunk_count
+from fanfs.optimizer.classes import FileRef, build_classes, class_of
+
+# Every class gets at least this share of the sample budget whatever its size, so small
+# classes (annotations) are still measured on more than a handful of objects.
+FLOOR_SHARE: Final = 0.25
+
+
+@dataclass(slots=True)
+class ClassSample:
+    """A class of files and its sample.
+
+    Attributes:
+        files, total_bytes: the whole class.
+        units: the sample (whole chunks, in the seeded random order).
+        dictionary: a zstd dictionary trained on the even-numbered sample units, or None.
+    """
+
+    name: str
+    files: int = 0
+    total_bytes: int = 0
+    chunks: int = 0
+    units: list[bytes] = field(default_factory=list)
+    median_unit: int = 0
+    dictionary: bytes | None = None
+
+
+def _allocate(sizes: list[int], budget: int) -> list[int]:
+    """Sample bytes per class: a floor for every class, the rest in proportion to size."""
+    if sum(sizes) <= budget:
+        return list(sizes)
+    floor = FLOOR_SHARE * budget / max(len(sizes), 1)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection on the proportional share
+        mid = (lo + hi) / 2
+        if sum(min(s, max(floor, mid * s)) for s in sizes) > budget:
+            hi = mid
+        else:
+            lo = mid
+    return [int(min(s, max(floor, lo * s))) for s in sizes]
+
+
+def _pick_units(
+    members: list[FileRef], chunk_size: int, want: int, rng: np.random.Generator
+) -> list[tuple[FileRef, int, int]]:
+    """Chunks of `members` in random order until `want` bytes (at least one chunk)."""
+    counts = np.array([chunk_count(f.size, chunk_size) for f in members], dtype=np.int64)
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    picked: list[tuple[FileRef, int, int]] = []
+    got = 0
+    if total == 0:
+        return picked
+    for unit in rng.permutation(total).tolist():
+        i = int(np.searchsorted(ends, unit, side="right"))
+        f = members[i]
+        k = unit - (int(ends[i - 1]) if i else 0)
+        length = min(chunk_size, f.size - k * chunk_size)
+        picked.append((f, k, length))
+        got += length
+        if got >= want:
+            break
+    return picked
+
+
+@dataclass(frozen=True, slots=True)
+class ReadModel:
+    """Time to read one raw file of `size` bytes: latency_s + size / bytes_per_s."""
+
+    latency_s: float
+    bytes_per_s: float
+    source: str  # "measured" (fitted on the sample reads from SRC) or "given"
+
+    def seconds(self, files: float, size: float) -> float:
+        return files * self.latency_s + size / self.bytes_per_s
+
+
+def fit_read_model(reads: list[tuple[int, float]]) -> ReadModel:
+    """Least-squares fit of t = L + size / BW over (size, seconds) sample reads."""
+    if not reads:
+        return ReadModel(100e-6, 1e9, "measured")
+    sizes = np.array([r[0] for r in reads], dtype=np.float64)
+    secs = np.array([r[1] for r in reads], dtype=np.float64)
+    if len(reads) >= 2 and np.ptp(sizes) > 0:
+        slope, intercept = np.polyfit(sizes, secs, 1)
+    else:
+        slope, intercept = 0.0, float(secs.mean())
+    if slope <= 0:  # no size dependence visible: all latency
+        slope, intercept = 1e-12, float(secs.mean())
+    if intercept < 0:  # all bandwidth
+        slope, intercept = float(secs.sum() / max(sizes.sum(), 1)), 0.0
+    return ReadModel(float(intercept), float(1 / slope), "measured")
+
+
+def read_unit(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
+    """Read one sample unit from SRC; returns the bytes and the seconds it took (open included)."""
+    start = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    return data, time.perf_counter() - start
+
+
+def sample_classes(
+    files: Sequence[FileRef],
+    *,
+    chunk_size: int,
+    sample_bytes: int,
+    seed: int,
+    reader: Callable[[bytes, int, int], tuple[bytes, float]] = read_unit,
+) -> tuple[list[ClassSample], list[tuple[int, float]]]:
+    """Classes of `files` with a stratified seeded sample of each, and the timed raw reads.
+
+    Deterministic for given files, options and seed: each class draws from its own generator
+    seeded with (seed, crc32 of the class name).
+    """
+    names = build_classes(files)
+    known = set(names)
+    members: dict[str, list[FileRef]] = {n: [] for n in names}
+    for f in files:
+        members[class_of(f.rel, known)].append(f)
+    classes = [ClassSample(n) for n in names]
+    for cls in classes:
+        group = members[cls.name]
+        cls.files, cls.total_bytes = len(group), sum(f.size for f in group)
+        cls.chunks = sum(chunk_count(f.size, chunk_size) for f in group)
+    wants = _allocate([c.total_bytes for c in classes], sample_bytes)
+    reads: list[tuple[int, float]] = []
+    for cls, want in zip(classes, wants, strict=True):
+        rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
+        for f, k, length in _pick_units(members[cls.name], chunk_size, want, rng):
+            data, seconds = reader(f.path, k * chunk_size, length)
+            if len(data) != length:
+                raise OSError(
+                    "%s changed while being sampled" % f.path.decode("utf-8", "backslashreplace")
+                )
+            cls.units.append(data)
+            if k == 0:  # a file's first chunk: open plus read, as a reader pays per file
+                reads.append((length, seconds))
+        if cls.units:
+            cls.median_unit = int(np.median([len(u) for u in cls.units]))
+    return classes, reads

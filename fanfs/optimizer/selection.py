@@ -1,0 +1,216 @@
+"""Selection: the exact multiple-choice knapsack (`solve_mckp`) and `select`, one option per
+class under a decode budget or, dually, a capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from fanfs.optimizer.candidates import NONE
+from fanfs.optimizer.measurement import ClassProfile, Estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """A choice per class (index into that class's options) and its totals.
+
+    `exact` is False only when the frontier had to be trimmed; the value is then within a
+    factor `1 + gap` of the optimum (proven: each trim loses at most 1 + delta, compounded).
+    """
+
+    choice: tuple[int, ...]
+    weight: float
+    value: float
+    exact: bool
+    gap: float
+
+
+# Frontier size above which the solver trims (FPTAS-style) instead of staying exact.
+MAX_FRONTIER: Final = 1_000_000
+TRIM_GAP: Final = 1e-3
+
+
+def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) -> Solution | None:
+    """Multiple-choice knapsack: one option (weight, value) per group, minimising the total
+    value subject to total weight <= budget. Exact; None if no choice fits.
+
+    Dynamic programming over Pareto frontiers: after each group, keep only the (weight, value)
+    totals not dominated by another total that is lighter and no worse; any optimal solution
+    passes through such states, so the result is optimal. Totals that cannot fit even with
+    the lightest remaining options are dropped. Ties go to the lower total weight, then to the
+    earlier options. Should a frontier exceed MAX_FRONTIER states, states whose values agree
+    within a factor 1 + delta keep only the lightest, and the result is within 1 + TRIM_GAP.
+    """
+    k = len(options)
+    tol = 1e-9 * max(abs(budget), 1.0)
+    min_w = [min(w for w, _ in group) for group in options]
+    rest = (
+        np.concatenate([np.cumsum(np.array(min_w[::-1], dtype=np.float64))[::-1], [0.0]])
+        if k
+        else np.zeros(1)
+    )
+    weights, values = np.zeros(1), np.zeros(1)
+    back: list[tuple[np.ndarray, np.ndarray]] = []
+    delta = (1 + TRIM_GAP) ** (1 / max(k, 1)) - 1
+    exact = True
+    for g, group in enumerate(options):
+        gw = np.array([w for w, _ in group], dtype=np.float64)
+        gv = np.array([v for _, v in group], dtype=np.float64)
+        w = (weights[:, None] + gw[None, :]).ravel()
+        v = (values[:, None] + gv[None, :]).ravel()
+        parent = np.repeat(np.arange(len(weights)), len(group))
+        opt = np.tile(np.arange(len(group)), len(weights))
+        ok = w + rest[g + 1] <= budget + tol
+        w, v, parent, opt = w[ok], v[ok], parent[ok], opt[ok]
+        if not len(w):
+            return None
+        order = np.lexsort((opt, parent, v, w))  # by weight, then value, then first option
+        w, v, parent, opt = w[order], v[order], parent[order], opt[order]
+        best_before = np.minimum.accumulate(np.concatenate([[np.inf], v[:-1]]))
+        keep = v < best_before
+        w, v, parent, opt = w[keep], v[keep], parent[keep], opt[keep]
+        if len(w) > MAX_FRONTIER:
+            exact = False
+            w, v, parent, opt = _trim(w, v, parent, opt, delta)
+        weights, values = w, v
+        back.append((parent, opt))
+    best = int(np.lexsort((weights, values))[0])
+    choice = []
+    for parent, opt in reversed(back):
+        choice.append(int(opt[best]))
+        best = int(parent[best])
+    choice.reverse()
+    total_w = sum(options[g][c][0] for g, c in enumerate(choice))
+    total_v = sum(options[g][c][1] for g, c in enumerate(choice))
+    return Solution(tuple(choice), total_w, total_v, exact, 0.0 if exact else TRIM_GAP)
+
+
+def _trim(
+    w: np.ndarray, v: np.ndarray, parent: np.ndarray, opt: np.ndarray, delta: float
+) -> tuple[np.ndarray, ...]:
+    # Bucket values geometrically; in each bucket keep the lightest state (the first one, as
+    # the frontier is sorted by weight). A dropped state's completion can be replaced by the
+    # kept one's at no more weight and at most 1 + delta times the value.
+    bucket = np.where(v > 0, np.floor(np.log(np.maximum(v, 1e-300)) / math.log1p(delta)), -np.inf)
+    _, first = np.unique(bucket, return_index=True)
+    keep = np.sort(first)
+    return w[keep], v[keep], parent[keep], opt[keep]
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What to optimise.
+
+    mode "sync" or "prefetch": minimise stored bytes under a decode budget of `budget_s`
+    seconds of one-thread decode per epoch. mode "capacity": minimise decode seconds under
+    `capacity_bytes`, and if `budget_s` is not None also require decode <= budget_s.
+    """
+
+    mode: str
+    budget_s: float | None
+    capacity_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    choices: tuple[Estimate, ...]
+    stored_bytes: int
+    decode_s: float
+    feasible: bool
+    exact: bool
+    gap: float
+    problem: str = ""  # one line when not feasible
+
+
+def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
+    # Drop dominated estimates (no smaller and no faster than another); exact-safe, and it
+    # keeps the frontier small. Sorted by size so that ties resolve deterministically.
+    out = []
+    for prof in profiles:
+        # On a tie, none first: an incompressible class is stored raw and costs no decode.
+        ests = sorted(
+            prof.estimates,
+            key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)),
+        )
+        kept: list[Estimate] = []
+        for e in ests:
+            if not kept or e.decode_s < min(k.decode_s for k in kept):
+                kept.append(e)
+        out.append(kept)
+    return out
+
+
+def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
+    """Choose one estimate per class for `objective`; infeasible objectives return the
+    closest plan (feasible=False and a one-line `problem`)."""
+    opts = _options(profiles)
+    if objective.mode == "capacity":
+        return _select_capacity(opts, objective)
+    assert objective.budget_s is not None
+    sol = solve_mckp(
+        [[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], objective.budget_s
+    )
+    if sol is None:  # only when "none" was not a candidate: never by default
+        sol = solve_mckp([[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], math.inf)
+        assert sol is not None
+        return _selection(
+            opts, sol, False, "no plan keeps decoding within the %s budget" % objective.mode
+        )
+    return _selection(opts, sol, True)
+
+
+def _select_capacity(opts: list[list[Estimate]], objective: Objective) -> Selection:
+    assert objective.capacity_bytes is not None
+    sol = solve_mckp(
+        [[(float(e.stored_bytes), e.decode_s) for e in g] for g in opts],
+        float(objective.capacity_bytes),
+    )
+    if sol is None:
+        smallest = solve_mckp([[(0.0, float(e.stored_bytes)) for e in g] for g in opts], 0.0)
+        assert smallest is not None
+        sel = _selection(opts, smallest, False)
+        return _replace_problem(
+            sel,
+            "no plan fits in %s: the smallest needs %s"
+            % (_size(objective.capacity_bytes), _size(sel.stored_bytes)),
+        )
+    sel = _selection(opts, sol, True)
+    if objective.budget_s is not None and sel.decode_s > objective.budget_s * (1 + 1e-9):
+        return _replace_problem(
+            sel,
+            "no plan fits in %s within the decode budget: the fastest that fits needs %.1f%% of it"
+            % (_size(objective.capacity_bytes), 100 * sel.decode_s / objective.budget_s),
+        )
+    return sel
+
+
+def _size(n: float) -> str:
+    from fanfs._sizes import format_size
+
+    return format_size(n)
+
+
+def _replace_problem(sel: Selection, problem: str) -> Selection:
+    return Selection(
+        sel.choices, sel.stored_bytes, sel.decode_s, False, sel.exact, sel.gap, problem
+    )
+
+
+def _selection(
+    opts: list[list[Estimate]], sol: Solution, feasible: bool, problem: str = ""
+) -> Selection:
+    choices = tuple(opts[g][c] for g, c in enumerate(sol.choice))
+    return Selection(
+        choices,
+        sum(e.stored_bytes for e in choices),
+        sum(e.decode_s for e in choices),
+        feasible,
+        sol.exact,
+        sol.gap,
+        problem,
+    )
