@@ -197,9 +197,13 @@ class Packer:
         out = os.path.abspath(self.opts.out)
         if self.opts.auto is not None:
             self._make_plan(self.opts.auto)
-        tree = TreeWalk(
-            self.opts.src, broadcast=self.opts.broadcast, skip_unreadable=self.opts.skip_unreadable
-        ).walk()
+        with concurrent.futures.ThreadPoolExecutor(self.read_threads, "pack-stat") as pool:
+            tree = TreeWalk(
+                self.opts.src,
+                broadcast=self.opts.broadcast,
+                skip_unreadable=self.opts.skip_unreadable,
+                pool=pool,
+            ).walk()
         tmp = os.path.join(
             os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid())
         )
@@ -320,6 +324,8 @@ class Packer:
                     if not pending:
                         break
                     batch, future = pending.popleft()
+                    if not future.done() or not future.result().done():
+                        writer.flush()  # idle anyway: write out what is buffered
                     results = future.result().result()
                     for task, result in zip(batch, results, strict=True):
                         self._consume(writer, tree, state, task, result, progress)

@@ -15,6 +15,7 @@ trio, pyfuse3 or mpi4py; never reads file contents.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import random
@@ -38,8 +39,10 @@ BROADCAST: Final = 1
 SKIPPED: Final = 2
 # `fanfs plan` and `--codec auto` walk at most this many entries exactly, then sample.
 DEFAULT_SAMPLE_ENTRIES: Final = 500_000
-# Entries appended to the columns at once.
+# Entries stat'ed and appended to the columns at once.
 _BATCH: Final = 4096
+# lstat calls per task of the walk's thread pool.
+_STAT_GROUP: Final = 64
 
 
 def display(path: bytes) -> str:
@@ -95,6 +98,16 @@ class TreeTooLargeError(Exception):
     """The walk passed its `max_entries` (sample_tree then samples instead)."""
 
 
+def _lstat_group(paths: list[bytes]) -> list[os.stat_result | OSError]:
+    out: list[os.stat_result | OSError] = []
+    for path in paths:
+        try:
+            out.append(os.lstat(path))
+        except OSError as exc:
+            out.append(exc)
+    return out
+
+
 class TreeWalk:
     """The walk of one tree into columns in index entry order (walker ids; entry 0 is SRC).
 
@@ -102,6 +115,7 @@ class TreeWalk:
     its name), `mode`, `mtime_ns`, `size` (regular file: st_size; symlink: target length;
     directory: 0), `first`/`count` (directory: its children's walker ids, which are
     contiguous), `flags` (BROADCAST, SKIPPED). `skipped` counts entries flagged SKIPPED.
+    With a `pool`, a directory's entries are stat'ed by its threads (results in order).
     """
 
     def __init__(
@@ -111,8 +125,10 @@ class TreeWalk:
         broadcast: Sequence[str] = (),
         skip_unreadable: bool = False,
         max_entries: int | None = None,
+        pool: concurrent.futures.Executor | None = None,
     ) -> None:
         self.src = src
+        self.pool = pool
         self.root = os.fsencode(src)
         self.globs = [glob_to_regex(g) for g in broadcast]
         self.skip_unreadable = skip_unreadable
@@ -182,32 +198,45 @@ class TreeWalk:
             self.skipped += 1
             return
         parent_bcast = int(self.flags.array[dir_id]) & BROADCAST
-        batch: list[tuple[int, bytes, os.stat_result, int, bytes]] = []
-        for name in names:
-            child = rel + b"/" + name if rel else name
-            child_path = path + b"/" + name
-            try:
-                st = os.lstat(child_path)
-            except OSError as exc:
-                # A directory that can be listed but not searched (mode r--): report the entry.
-                self._unreadable(child, exc, root=False)
-                continue
-            mode = st.st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-                log.warning("skipping %s: not a regular file, directory or symlink", display(child))
-                self.skipped_special += 1
-                continue
-            if len(name) > NAME_MAX:
-                raise PackInputError("name longer than %d bytes: %s" % (NAME_MAX, display(child)))
-            bcast = parent_bcast or any(g.match(child) for g in self.globs)
-            target = os.readlink(child_path) if stat.S_ISLNK(mode) else b""
-            if stat.S_ISDIR(mode):
-                dirs.append(self.n + len(batch))
-            batch.append((dir_id, name, st, BROADCAST if bcast else 0, target))
-            if len(batch) >= _BATCH:  # a huge directory: bounded stat results held at once
-                self._append(batch)
-                batch = []
-        self._append(batch)
+        for start in range(0, len(names), _BATCH):  # a huge directory: bounded state at once
+            part = names[start : start + _BATCH]
+            batch: list[tuple[int, bytes, os.stat_result, int, bytes]] = []
+            for name, st in zip(
+                part, self._lstat_all([path + b"/" + n for n in part]), strict=True
+            ):
+                child = rel + b"/" + name if rel else name
+                if isinstance(st, OSError):
+                    # A directory that can be listed but not searched (mode r--): report it.
+                    self._unreadable(child, st, root=False)
+                    continue
+                mode = st.st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                    log.warning(
+                        "skipping %s: not a regular file, directory or symlink", display(child)
+                    )
+                    self.skipped_special += 1
+                    continue
+                if len(name) > NAME_MAX:
+                    raise PackInputError(
+                        "name longer than %d bytes: %s" % (NAME_MAX, display(child))
+                    )
+                bcast = parent_bcast or any(g.match(child) for g in self.globs)
+                target = os.readlink(path + b"/" + name) if stat.S_ISLNK(mode) else b""
+                if stat.S_ISDIR(mode):
+                    dirs.append(self.n + len(batch))
+                batch.append((dir_id, name, st, BROADCAST if bcast else 0, target))
+            self._append(batch)
+
+    def _lstat_all(self, paths: list[bytes]) -> list[os.stat_result | OSError]:
+        """lstat of every path, in order; with a pool, groups of them in its threads (many
+        metadata round trips in flight on a parallel filesystem)."""
+        if self.pool is None or len(paths) <= _STAT_GROUP:
+            return _lstat_group(paths)
+        futures = [
+            self.pool.submit(_lstat_group, paths[i : i + _STAT_GROUP])
+            for i in range(0, len(paths), _STAT_GROUP)
+        ]
+        return [st for future in futures for st in future.result()]
 
     def _append(self, batch: list[tuple[int, bytes, os.stat_result, int, bytes]]) -> None:
         offs, sizes = [], []
