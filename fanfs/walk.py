@@ -360,7 +360,8 @@ def _exact_sample(src: str, max_entries: int, skip_unreadable: bool) -> TreeSamp
 class _SampledWalk:
     """A bounded walk that samples: level by level (depth), each level's directories are
     listed in a seeded random order until the level has used half the remaining budget; in
-    each directory listed, a random subset of its regular files is stat'ed. Every sampled
+    each directory listed, a random subset of its regular files (up to a quarter of the
+    level's allowance) is stat'ed. Every sampled
     file carries the inverse of its inclusion probability (directories: level size / listed,
     files: files in the directory / stat'ed), so sums of weights estimate the tree's totals
     (Horvitz-Thompson); thinning by weight then leaves a sample in which every file of the
@@ -408,7 +409,7 @@ class _SampledWalk:
     ) -> list[tuple[bytes, float]]:
         order = list(range(len(level)))
         self.rng.shuffle(order)
-        per_dir_files = max(64, allowance // 20)
+        per_dir_files = max(64, allowance // 4)
         start = self.examined
         listed: list[tuple[list[tuple[bytes, int, float]], list[bytes], float]] = []
         for i in order:
@@ -416,7 +417,10 @@ class _SampledWalk:
                 self.truncated = True
                 break
             rel, weight = level[i]
-            files, subdirs = self._list(rel, allowance - (self.examined - start))
+            # The level's allowance decides whether to start a directory, never where a
+            # listing stops (a partial listing would bias the estimate): only the whole
+            # budget does.
+            files, subdirs = self._list(rel, self.budget - self.examined)
             chosen = self.rng.sample(files, min(len(files), per_dir_files))
             sized = self._sizes(chosen, len(files) / max(len(chosen), 1))
             listed.append((sized, subdirs, weight))
