@@ -52,7 +52,7 @@ class _Partition:
         self.buffer.clear()
 
 
-def _write_all(fd: int, data: bytes | bytearray) -> None:
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -130,14 +130,13 @@ class PackWriter:
             os.close(part.fd)
             part.fd = -1
         columns = {**columns, "dicts": np.frombuffer(bytes(self._dict_blob), dtype=np.uint8)}
-        blob, descriptors = encode_columns(columns)
-        self._write_file(INDEX_NAME, blob)
+        size, crc, descriptors = self._write_index(columns)
         manifest = dict(manifest)
         manifest["format_version"] = FORMAT_VERSION
         manifest["index"] = {
             "file": INDEX_NAME,
-            "size": len(blob),
-            "crc32": zlib.crc32(blob),
+            "size": size,
+            "crc32": crc,
             "entries": len(columns["parent"]),
             "chunks": len(columns["partition"]),
             "columns": descriptors,
@@ -168,6 +167,25 @@ class PackWriter:
             if part.fd >= 0:
                 os.close(part.fd)
                 part.fd = -1
+
+    def _write_index(self, columns: dict[str, np.ndarray]) -> tuple[int, int, list[dict[str, Any]]]:
+        """Stream the index file column by column; returns its size, crc32, descriptors."""
+        fd = os.open(
+            os.path.join(self._dir, INDEX_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
+        )
+        size = crc = 0
+        descriptors = []
+        try:
+            for descriptor, data, pad in encode_columns(columns):
+                descriptors.append(descriptor)
+                for piece in (data, pad):
+                    _write_all(fd, piece)
+                    crc = zlib.crc32(piece, crc)
+                    size += len(piece)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return size, crc, descriptors
 
     def _write_file(self, name: str, data: bytes) -> None:
         fd = os.open(os.path.join(self._dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
