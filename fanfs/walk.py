@@ -163,8 +163,6 @@ class TreeWalk:
             self._scan(dir_id, dirs)
             self.first.array[dir_id] = first
             self.count.array[dir_id] = self.n - first
-            if self.max_entries is not None and self.n > self.max_entries:
-                raise TreeTooLargeError
         return self
 
     def rel(self, entry: int) -> bytes:
@@ -189,9 +187,15 @@ class TreeWalk:
         self.directories += 1
         rel = self.rel(dir_id)
         path = self.path(rel)
+        room = None if self.max_entries is None else self.max_entries - self.n
         try:
             with os.scandir(path) as it:
-                names = sorted(entry.name for entry in it)
+                names = []
+                for entry in it:
+                    names.append(entry.name)
+                    if room is not None and len(names) > room:
+                        raise TreeTooLargeError
+            names.sort()
         except OSError as exc:
             self._unreadable(rel, exc, root=dir_id == 0)
             self.flags.array[dir_id] |= SKIPPED
