@@ -17,7 +17,6 @@ import argparse
 import collections
 import concurrent.futures
 import json
-import logging
 import math
 import os
 import shutil
@@ -49,12 +48,12 @@ from fanfs.walk import (
     display,
     glob_to_regex,
     sample_tree,
+    unreadable,
     walk_tree,
 )
 
 __all__ = ["PackOptions", "display", "glob_to_regex", "run_pack", "run_plan", "walk_tree"]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
 # Default partition count: one per this many source bytes, at least MIN_PARTITIONS (so small
@@ -356,12 +355,7 @@ class Packer:
         if isinstance(result, PackInputError):
             raise result
         if isinstance(result, OSError):
-            if not self.opts.skip_unreadable:
-                raise PackInputError(
-                    "cannot read %s: %s (use --skip-unreadable to skip it)"
-                    % (display(task.rel), result.strerror)
-                )
-            log.warning("skipping unreadable %s: %s", display(task.rel), result.strerror)
+            unreadable(display(task.rel), result, skip=self.opts.skip_unreadable)
             tree.flags.array[entry] |= SKIPPED
             tree.skipped += 1
             rows.truncate(state.first_row)  # its chunks so far are not in the index

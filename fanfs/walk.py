@@ -50,6 +50,16 @@ def display(path: bytes) -> str:
     return path.decode("utf-8", "backslashreplace")
 
 
+def unreadable(what: str, exc: OSError, *, skip: bool) -> None:
+    """An entry that cannot be read: a PackInputError, or with `skip` (--skip-unreadable) a
+    warning (the caller then leaves the entry out)."""
+    if not skip:
+        raise PackInputError(
+            "cannot read %s: %s (use --skip-unreadable to skip it)" % (what, exc.strerror)
+        )
+    log.warning("skipping unreadable %s: %s", what, exc.strerror)
+
+
 def glob_to_regex(pattern: str) -> re.Pattern[bytes]:
     """Compile a broadcast glob: `*` and `?` stay within a path segment, `**` spans segments.
 
@@ -262,12 +272,7 @@ class TreeWalk:
         self.flags.extend([b[3] for b in batch])
 
     def _unreadable(self, rel: bytes, exc: OSError, *, root: bool) -> None:
-        what = display(rel) or self.src
-        if not self.skip_unreadable or root:
-            raise PackInputError(
-                "cannot read %s: %s (use --skip-unreadable to skip it)" % (what, exc.strerror)
-            )
-        log.warning("skipping unreadable %s: %s", what, exc.strerror)
+        unreadable(display(rel) or self.src, exc, skip=self.skip_unreadable and not root)
 
     def regular_files(self) -> np.ndarray:
         """Walker ids of the regular files not skipped, in entry order."""
@@ -455,12 +460,7 @@ class _SampledWalk:
                         self.truncated = True
                         break
         except OSError as exc:
-            what = display(rel) or self.src
-            if not self.skip_unreadable or not rel:
-                raise PackInputError(
-                    "cannot read %s: %s (use --skip-unreadable to skip it)" % (what, exc.strerror)
-                ) from None
-            log.warning("skipping unreadable %s: %s", what, exc.strerror)
+            unreadable(display(rel) or self.src, exc, skip=self.skip_unreadable and bool(rel))
         files.sort()
         subdirs.sort()
         return files, subdirs
