@@ -281,6 +281,13 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_false",
         help="do not use the kernel's no-open mode even with the patched pyfuse3",
     )
+    p.add_argument(
+        "--no-fast-paths",
+        dest="fast_paths",
+        action="store_false",
+        help="answer OPENDIR and xattr requests in Python, and let the kernel drop directory"
+        " listings, even with the patched pyfuse3 (for comparisons)",
+    )
     p.set_defaults(func=_cmd_mount)
 
 

@@ -70,6 +70,7 @@ class MountConfig:
     cache_policy: str = "minio"
     preload: str = "auto"
     noopen: bool = True
+    fast_paths: bool = True
     thread_limit: int = 8
     processes: int = 0  # 0: DEFAULT_PROCESSES, bounded by the CPU count
     cluster: bool | None = None  # None: detect an MPI launch
@@ -103,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         cache_policy=args.cache_policy,
         preload=_preload_option(args.preload),
         noopen=args.noopen,
+        fast_paths=args.fast_paths,
         processes=args.processes,
         cluster=args.cluster,
         cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
@@ -415,6 +417,7 @@ def _build_operations(
         pack=config.pack,
         mountpoint=config.mountpoint,
         noopen=noopen,
+        fast_paths=config.fast_paths and getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 4,
         processes=processes,
         bytes_in=int(totals.get("bytes_in", 0)),
         files=int(totals.get("files", 0)),
@@ -444,13 +447,14 @@ def _mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> 
         raise error
     info = ops.info
     log.info(
-        "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)",
+        "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s, fast paths %s)",
         config.pack,
         config.mountpoint,
         info.files,
         format_size(info.bytes_in),
         info.processes,
         "on" if info.noopen else "off",
+        "on" if info.fast_paths else "off",
     )
     objects = ops.store.objects
     log.info(
@@ -483,6 +487,8 @@ def _serve_until_unmounted(
             pyfuse3.fanfs_session_reset()
         else:
             _nonblocking_session(pyfuse3)
+        if ops.info.fast_paths:
+            pyfuse3.fanfs_set_fast_paths(True, True, store.shared.fast_counters())
         if slot == 0 and ops.info.filler:
             family.filler = _fork_filler(
                 pyfuse3, store, ops.info.processes, push=config.prefetch_into == "kernel"
