@@ -147,9 +147,9 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sample-entries",
         type=int,
-        default=500_000,
+        default=None,
         metavar="N",
-        help="walk at most N entries of SRC to plan (bigger trees are sampled; default 500000)",
+        help="walk at most N entries of SRC to plan (bigger trees are sampled; default 200000)",
     )
     g.add_argument(
         "--time-budget",

@@ -86,7 +86,7 @@ class PackOptions:
     skip_unreadable: bool = False
     auto: PlanSettings | None = None  # --codec auto: plan with these settings; `codec` unused
     read_threads: int = 0  # 0: DEFAULT_READ_THREADS
-    sample_entries: int = DEFAULT_SAMPLE_ENTRIES  # --codec auto: bound of the profiled walk
+    sample_entries: int | None = None  # --codec auto: bound of the profiled walk (None: default)
 
 
 class PlanInfeasibleError(UsageError):
@@ -241,7 +241,7 @@ class Packer:
     def _make_plan(self, settings: PlanSettings) -> None:
         sample = sample_tree(
             self.opts.src,
-            max_entries=self.opts.sample_entries,
+            max_entries=_sample_entries(self.opts.sample_entries),
             seed=settings.seed,
             skip_unreadable=self.opts.skip_unreadable,
         )
@@ -570,12 +570,20 @@ def check_inputs(opts: PackOptions) -> None:
         raise UsageError("--jobs must be 0 (all cores) or more")
     if not 0 <= opts.read_threads <= MAX_READ_THREADS:
         raise UsageError("--read-threads must be between 1 and %d" % MAX_READ_THREADS)
-    if opts.sample_entries < 1:
-        raise UsageError("--sample-entries must be 1 or more")
+    _sample_entries(opts.sample_entries)
     if not 4096 <= opts.chunk_size <= 64 * 1024 * 1024:
         raise UsageError("--chunk-size must be between 4KiB and 64MiB")
     if opts.partitions is not None and not 1 <= opts.partitions <= MAX_PARTITIONS:
         raise UsageError("--partitions must be between 1 and %d" % MAX_PARTITIONS)
+
+
+def _sample_entries(value: int | None) -> int:
+    """--sample-entries, checked; the default if not given."""
+    if value is None:
+        return DEFAULT_SAMPLE_ENTRIES
+    if value < 1:
+        raise UsageError("--sample-entries must be 1 or more")
+    return value
 
 
 def summary_table(manifest: dict[str, Any]) -> str:
@@ -623,7 +631,7 @@ def run_plan(args: argparse.Namespace) -> int:
     chunk_size = parse_size(args.chunk_size)
     sample = sample_tree(
         args.src,
-        max_entries=args.sample_entries,
+        max_entries=_sample_entries(args.sample_entries),
         seed=settings.seed,
         skip_unreadable=args.skip_unreadable,
     )

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 BROADCAST: Final = 1
 SKIPPED: Final = 2
 # `fanfs plan` and `--codec auto` walk at most this many entries exactly, then sample.
-DEFAULT_SAMPLE_ENTRIES: Final = 500_000
+DEFAULT_SAMPLE_ENTRIES: Final = 200_000
 # Entries stat'ed and appended to the columns at once.
 _BATCH: Final = 4096
 # lstat calls per task of the walk's thread pool.
