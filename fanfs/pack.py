@@ -34,7 +34,13 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size, parse_size
 from fanfs.compression import CodecSpec, chunk_codec_name, compress_object, parse_codec
 from fanfs.errors import PackInputError, UsageError
-from fanfs.format.layout import CHUNK_COLUMNS, MANIFEST_NAME, bind_chunk_crc, chunk_count
+from fanfs.format.layout import (
+    CHUNK_COLUMNS,
+    MANIFEST_NAME,
+    bind_chunk_crc,
+    chunk_count,
+    chunk_length,
+)
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import Plan, PlanSettings, class_of, make_plan
 from fanfs.plan import plan_table, sample_settings, sampled_plan_record, settings_from_args
@@ -146,7 +152,11 @@ def _read_batch(
         try:
             datas.append(
                 read_chunk(
-                    task.path, task.rel, task.size, offset, min(chunk_size, task.size - offset)
+                    task.path,
+                    task.rel,
+                    task.size,
+                    offset,
+                    chunk_length(task.size, chunk_size, task.chunk_no),
                 )
             )
         except (OSError, PackInputError) as exc:
@@ -190,7 +200,6 @@ class Packer:
         self.sample: TreeSample | None = None
         self.dict_ids: dict[str, int] = {}
         self.chunk_rows = _ChunkRows()
-        self.max_batches_in_flight = 0  # statistics (tests)
 
     def run(self) -> dict[str, Any]:
         out = os.path.abspath(self.opts.out)
@@ -285,7 +294,7 @@ class Packer:
             cls, spec, dictionary = self._codec_of(rel)
             for chunk_no in range(chunk_count(size, chunk_size)):
                 batch.append(_Task(entry, path, rel, size, chunk_no, spec, dictionary, cls))
-                batch_bytes += min(chunk_size, size - chunk_no * chunk_size)
+                batch_bytes += chunk_length(size, chunk_size, chunk_no)
                 if len(batch) >= BATCH_CHUNKS or batch_bytes >= BATCH_BYTES:
                     yield batch
                     batch, batch_bytes = [], 0
@@ -319,7 +328,6 @@ class Packer:
                                 ),
                             )
                         )
-                    self.max_batches_in_flight = max(self.max_batches_in_flight, len(pending))
                     if not pending:
                         break
                     batch, future = pending.popleft()
@@ -366,7 +374,7 @@ class Packer:
         dict_id = self.dict_ids.get(task.cls, 0) if codec != 0 else 0
         rows.append(partition, offset, len(stored), codec, crc, dict_id)
         tree.count.array[entry] = rows.n - state.first_row
-        usize = min(self.opts.chunk_size, task.size - task.chunk_no * self.opts.chunk_size)
+        usize = chunk_length(task.size, self.opts.chunk_size, task.chunk_no)
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
         for table, key in ((self.codec_stats, name), (self.class_stats, task.cls)):
             stats = table.setdefault(key, [0, 0, 0])
