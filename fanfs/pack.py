@@ -577,7 +577,10 @@ def check_inputs(opts: PackOptions) -> None:
     if opts.jobs < 0:
         raise UsageError("--jobs must be 0 (all cores) or more")
     if not 0 <= opts.read_threads <= MAX_READ_THREADS:
-        raise UsageError("--read-threads must be between 1 and %d" % MAX_READ_THREADS)
+        raise UsageError(
+            "--read-threads must be between 1 and %d (0: the default, %d)"
+            % (MAX_READ_THREADS, DEFAULT_READ_THREADS)
+        )
     _sample_entries(opts.sample_entries)
     if not 4096 <= opts.chunk_size <= 64 * 1024 * 1024:
         raise UsageError("--chunk-size must be between 4KiB and 64MiB")
