@@ -475,56 +475,69 @@ class _ChunkRows:
 
 
 def _index_columns(tree: TreeWalk, chunks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The index columns in entry order from the walk's columns, vectorised: skipped entries
-    are dropped (later ids renumbered, their names cut out of the names blob)."""
-    i8 = np.int64
-    alive = (tree.flags.values & SKIPPED) == 0
+    """The index columns in entry order from the walk's columns, vectorised, and frugal: the
+    walk's columns already have the index's dtypes and are passed on as they are; only
+    `first` is new (8 bytes per entry). Directories, symlinks and skipped entries (few) are
+    fixed through their ids. Skipped entries are dropped: later ids renumbered, their names
+    cut out of the names blob, each remaining column copied once."""
     kinds = tree.mode.values & 0o170000
-    is_dir, is_link = kinds == stat.S_IFDIR, kinds == stat.S_IFLNK
-    is_file = (kinds == stat.S_IFREG) & alive
-    name_off = tree.name_off.values.astype(i8)
-    name_len = tree.name_len.values.astype(i8)
-    size = tree.size.values.astype(i8)
-    names = np.frombuffer(tree.names, dtype=np.uint8)
-    # A file's chunks follow those of the (kept) files before it; an empty file's `first` is
-    # where its chunks would be.
-    count = np.where(is_file, tree.count.values, 0).astype(i8)
-    file_first = np.cumsum(count) - count
-    first = tree.first.values.astype(i8)
-    ends = first + tree.count.values.astype(i8)
-    # Entry ids once skipped entries are gone (identity when none is).
-    below = np.concatenate(([0], np.cumsum(alive, dtype=i8)))
-    new_id = below[:-1]
-    # A directory's kept children are still contiguous: count them, find the first.
-    dir_count = np.where(
-        is_dir, below[np.where(is_dir, ends, 0)] - below[np.where(is_dir, first, 0)], 0
-    )
-    dir_first = np.where(dir_count > 0, below[np.where(is_dir, first, 0)], 0)
-    if tree.skipped:
-        # The names blob holds each entry's name (and a symlink's target) in entry order.
-        seg_len = name_len + np.where(is_link, size, 0)
-        dead = np.flatnonzero(~alive)
-        pieces, pos = [], 0
-        for entry in dead.tolist():
-            pieces.append(names[pos : name_off[entry]])
-            pos = int(name_off[entry] + seg_len[entry])
-        pieces.append(names[pos:])
-        names = np.concatenate(pieces)
-        cut = np.where(alive, 0, seg_len)
-        name_off = name_off - (np.cumsum(cut) - cut)
+    is_file = kinds == stat.S_IFREG
+    dirs = np.flatnonzero(kinds == stat.S_IFDIR)
+    links = np.flatnonzero(kinds == stat.S_IFLNK)
+    del kinds
+    dead = np.flatnonzero(tree.flags.values & SKIPPED)
+    counts = tree.count.values
+    # A file's chunks follow those of the kept files before it (an empty file's `first` is
+    # where its chunks would be): an exclusive running sum of the kept files' chunk counts.
+    first = np.zeros(tree.n, dtype=np.uint64)
+    np.copyto(first, counts, where=is_file)
+    del is_file
+    first[dead] = 0
+    np.cumsum(first, out=first)
+    first = np.concatenate((np.zeros(1, dtype=np.uint64), first[:-1]))
+    # The names blob holds each entry's name, then a symlink's target, in entry order.
+    name_off, name_len, names = tree.name_off.values, tree.name_len.values, tree.names
+    seg_len = name_len[dead].astype(np.uint64)
+    seg_len[np.isin(dead, links)] += tree.size.values[dead[np.isin(dead, links)]]
+    parent, count = tree.parent.values, counts
+    dir_first, dir_count = tree.first.values[dirs], counts[dirs].astype(np.int64)
+    if len(dead):
+        # Ids, children and name offsets once the dead entries are gone.
+        dead_before = np.searchsorted(dead, tree.parent.values).astype(np.uint32)
+        parent = tree.parent.values - dead_before
+        del dead_before
+        ends = dir_first + dir_count.astype(np.uint64)
+        lo, hi = np.searchsorted(dead, dir_first), np.searchsorted(dead, ends)
+        dir_count = dir_count - (hi - lo)
+        dir_first = dir_first - lo.astype(np.uint64)
+        blob, pieces, pos = memoryview(names), [], 0
+        for entry, length in zip(dead.tolist(), seg_len.tolist(), strict=True):
+            pieces.append(blob[pos : int(name_off[entry])])
+            pos = int(name_off[entry]) + length
+        pieces.append(blob[pos:])
+        names = bytearray().join(pieces)
+        del pieces, blob
+        cut = np.concatenate(([0], np.cumsum(seg_len)))
+        name_off = name_off - cut[np.searchsorted(dead, np.arange(tree.n))].astype(np.uint64)
+        count = counts.copy()
+    first[dirs] = np.where(dir_count > 0, dir_first, 0)
+    count[dirs] = dir_count
+    first[links] = name_off[links] + name_len[links]
     columns = {
-        "parent": new_id[tree.parent.values],
+        "parent": parent,
         "name_off": name_off,
-        "name_len": tree.name_len.values,
+        "name_len": name_len,
         "mode": tree.mode.values,
         "mtime_ns": tree.mtime_ns.values,
         "size": tree.size.values,
-        "first": np.where(is_dir, dir_first, np.where(is_link, name_off + name_len, file_first)),
-        "count": np.where(is_dir, dir_count, count),
+        "first": first,
+        "count": count,
     }
-    if tree.skipped:
+    if len(dead):
+        alive = np.ones(tree.n, dtype=bool)
+        alive[dead] = False
         columns = {k: v[alive] for k, v in columns.items()}
-    return {**columns, **chunks, "names": names}
+    return {**columns, **chunks, "names": np.frombuffer(names, dtype=np.uint8)}
 
 
 def _replace_dir(tmp: str, out: str) -> None:

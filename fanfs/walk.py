@@ -290,7 +290,9 @@ class TreeWalk:
             self.name_len.array,
             self.parent.array,
         )
-        for entry in ids.tolist():
+        for entry in (
+            e for start in range(0, len(ids), _BATCH) for e in ids[start : start + _BATCH].tolist()
+        ):
             p = int(parent[entry])
             if p != last_parent:
                 last_parent, dir_rel = p, self.rel(p)
