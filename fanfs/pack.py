@@ -233,14 +233,13 @@ class Packer:
         regular = int(counts[~bcast].sum())
         bytes_total = int(sizes.sum())
         bcast_bytes = int(sizes[bcast].sum())
-        del sizes, bcast, counts
+        del files, sizes, bcast, counts
         partitions = self.opts.partitions or default_partitions(bytes_total - bcast_bytes, regular)
         bcast_parts = default_partitions(bcast_bytes, tasks_total - regular) if bcast_bytes else 0
         writer = PackWriter(tmp, partitions, bcast_parts)
         try:
             self._add_dictionaries(writer)
-            self._compress_all(writer, tree, files, tasks_total, bytes_total)
-            del files
+            self._compress_all(writer, tree, tasks_total, bytes_total)
             columns = _index_columns(tree, self.chunk_rows.columns())
             return writer.finish(columns, self._manifest_fields(tree, columns, partitions))
         except BaseException:
@@ -282,28 +281,27 @@ class Packer:
         spec, dictionary = self.plan.choice(cls)
         return cls, spec, dictionary
 
-    def _batches(self, tree: TreeWalk, files: np.ndarray) -> Iterator[list[_Task]]:
-        """The chunks of `files` in entry order, in batches of about BATCH_BYTES (one reader
-        thread reads a batch's files one after the other)."""
+    def _batches(self, tree: TreeWalk) -> Iterator[list[_Task]]:
+        """The chunks of the regular files in entry order, in batches of up to BATCH_CHUNKS
+        chunks or BATCH_BYTES (one reader thread reads a batch's files one after the other)."""
         chunk_size = self.opts.chunk_size
         sizes = tree.size.array
         batch: list[_Task] = []
         batch_bytes = 0
-        for entry, rel, path in tree.file_paths(files):
-            size = int(sizes[entry])
-            cls, spec, dictionary = self._codec_of(rel)
-            for chunk_no in range(chunk_count(size, chunk_size)):
-                batch.append(_Task(entry, path, rel, size, chunk_no, spec, dictionary, cls))
-                batch_bytes += chunk_length(size, chunk_size, chunk_no)
-                if len(batch) >= BATCH_CHUNKS or batch_bytes >= BATCH_BYTES:
-                    yield batch
-                    batch, batch_bytes = [], 0
+        for files in tree.regular_file_blocks():
+            for entry, rel, path in tree.file_paths(files):
+                size = int(sizes[entry])
+                cls, spec, dictionary = self._codec_of(rel)
+                for chunk_no in range(chunk_count(size, chunk_size)):
+                    batch.append(_Task(entry, path, rel, size, chunk_no, spec, dictionary, cls))
+                    batch_bytes += chunk_length(size, chunk_size, chunk_no)
+                    if len(batch) >= BATCH_CHUNKS or batch_bytes >= BATCH_BYTES:
+                        yield batch
+                        batch, batch_bytes = [], 0
         if batch:
             yield batch
 
-    def _compress_all(
-        self, writer: PackWriter, tree: TreeWalk, files: np.ndarray, tasks: int, total: int
-    ) -> None:
+    def _compress_all(self, writer: PackWriter, tree: TreeWalk, tasks: int, total: int) -> None:
         """Read with `read_threads` threads (many reads in flight: a parallel filesystem's
         latency is hidden), compress with `jobs` threads, consume in order."""
         progress = Progress(total, tasks, enabled=not self.opts.quiet and sys.stderr.isatty())
@@ -311,7 +309,7 @@ class Packer:
         pending: collections.deque[
             tuple[list[_Task], concurrent.futures.Future[concurrent.futures.Future[list[_Result]]]]
         ] = collections.deque()
-        todo = self._batches(tree, files)
+        todo = self._batches(tree)
         state = _FileState()
         with (
             concurrent.futures.ThreadPoolExecutor(self.jobs, "pack") as compress_pool,
@@ -476,10 +474,10 @@ class _ChunkRows:
 
 def _index_columns(tree: TreeWalk, chunks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The index columns in entry order from the walk's columns, vectorised, and frugal: the
-    walk's columns already have the index's dtypes and are passed on as they are; only
-    `first` is new (8 bytes per entry). Directories, symlinks and skipped entries (few) are
-    fixed through their ids. Skipped entries are dropped: later ids renumbered, their names
-    cut out of the names blob, each remaining column copied once."""
+    walk's columns already have the index's dtypes and are passed on as they are (`first`
+    rewritten in place); no new array per entry but masks. Directories, symlinks and skipped
+    entries (few) are fixed through their ids. Skipped entries are dropped: later ids
+    renumbered, their names cut out of the names blob, each remaining column copied once."""
     kinds = tree.mode.values & 0o170000
     is_file = kinds == stat.S_IFREG
     dirs = np.flatnonzero(kinds == stat.S_IFDIR)
@@ -487,20 +485,22 @@ def _index_columns(tree: TreeWalk, chunks: dict[str, np.ndarray]) -> dict[str, n
     del kinds
     dead = np.flatnonzero(tree.flags.values & SKIPPED)
     counts = tree.count.values
+    dir_first, dir_count = tree.first.values[dirs], counts[dirs].astype(np.int64)
     # A file's chunks follow those of the kept files before it (an empty file's `first` is
-    # where its chunks would be): an exclusive running sum of the kept files' chunk counts.
-    first = np.zeros(tree.n, dtype=np.uint64)
+    # where its chunks would be): an exclusive running sum of the kept files' chunk counts,
+    # computed in the walk's `first` column (only directories used it, saved just above).
+    first = tree.first.values
+    first[:] = 0
     np.copyto(first, counts, where=is_file)
     del is_file
     first[dead] = 0
     np.cumsum(first, out=first)
-    first = np.concatenate((np.zeros(1, dtype=np.uint64), first[:-1]))
+    np.subtract(first, counts, out=first, casting="unsafe")  # wrong only where overwritten
     # The names blob holds each entry's name, then a symlink's target, in entry order.
     name_off, name_len, names = tree.name_off.values, tree.name_len.values, tree.names
     seg_len = name_len[dead].astype(np.uint64)
     seg_len[np.isin(dead, links)] += tree.size.values[dead[np.isin(dead, links)]]
     parent, count = tree.parent.values, counts
-    dir_first, dir_count = tree.first.values[dirs], counts[dirs].astype(np.int64)
     if len(dead):
         # Ids, children and name offsets once the dead entries are gone.
         dead_before = np.searchsorted(dead, tree.parent.values).astype(np.uint32)

@@ -41,6 +41,8 @@ SKIPPED: Final = 2
 DEFAULT_SAMPLE_ENTRIES: Final = 200_000
 # Entries stat'ed and appended to the columns at once.
 _BATCH: Final = 4096
+# Entries whose regular files are listed at once for the packer.
+_FILE_BLOCK: Final = 65536
 # lstat calls per task of the walk's thread pool.
 _STAT_GROUP: Final = 64
 
@@ -274,11 +276,16 @@ class TreeWalk:
     def _unreadable(self, rel: bytes, exc: OSError, *, root: bool) -> None:
         unreadable(display(rel) or self.src, exc, skip=self.skip_unreadable and not root)
 
-    def regular_files(self) -> np.ndarray:
-        """Walker ids of the regular files not skipped, in entry order."""
-        kinds = self.mode.values & 0o170000
-        alive = (self.flags.values & SKIPPED) == 0
-        return np.flatnonzero((kinds == stat.S_IFREG) & alive)
+    def regular_files(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Walker ids of the regular files not skipped, in entry order (of ids start..stop)."""
+        kinds = self.mode.values[start:stop] & 0o170000
+        alive = (self.flags.values[start:stop] & SKIPPED) == 0
+        return np.flatnonzero((kinds == stat.S_IFREG) & alive) + start
+
+    def regular_file_blocks(self) -> Iterator[np.ndarray]:
+        """`regular_files` a block of entries at a time (no array of every file's id)."""
+        for start in range(0, self.n, _FILE_BLOCK):
+            yield self.regular_files(start, start + _FILE_BLOCK)
 
     def file_paths(self, ids: np.ndarray) -> Iterator[tuple[int, bytes, bytes]]:
         """(walker id, rel, path) of `ids` (in entry order: the files of a directory are
@@ -290,9 +297,7 @@ class TreeWalk:
             self.name_len.array,
             self.parent.array,
         )
-        for entry in (
-            e for start in range(0, len(ids), _BATCH) for e in ids[start : start + _BATCH].tolist()
-        ):
+        for entry in ids.tolist():
             p = int(parent[entry])
             if p != last_parent:
                 last_parent, dir_rel = p, self.rel(p)
