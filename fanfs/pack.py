@@ -54,6 +54,7 @@ from fanfs.walk import (
     display,
     glob_to_regex,
     sample_tree,
+    sample_walked,
     unreadable,
     walk_tree,
 )
@@ -203,8 +204,6 @@ class Packer:
 
     def run(self) -> dict[str, Any]:
         out = os.path.abspath(self.opts.out)
-        if self.opts.auto is not None:
-            self._make_plan(self.opts.auto)
         with concurrent.futures.ThreadPoolExecutor(self.read_threads, "pack-stat") as pool:
             tree = TreeWalk(
                 self.opts.src,
@@ -212,6 +211,8 @@ class Packer:
                 skip_unreadable=self.opts.skip_unreadable,
                 pool=pool,
             ).walk()
+        if self.opts.auto is not None:
+            self._make_plan(self.opts.auto, tree)
         tmp = os.path.join(
             os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid())
         )
@@ -246,12 +247,9 @@ class Packer:
             writer.abort()
             raise
 
-    def _make_plan(self, settings: PlanSettings) -> None:
-        sample = sample_tree(
-            self.opts.src,
-            max_entries=_sample_entries(self.opts.sample_entries),
-            seed=settings.seed,
-            skip_unreadable=self.opts.skip_unreadable,
+    def _make_plan(self, settings: PlanSettings, tree: TreeWalk) -> None:
+        sample = sample_walked(
+            tree, max_entries=_sample_entries(self.opts.sample_entries), seed=settings.seed
         )
         plan = make_plan(
             sample.files, sample_settings(settings, sample), chunk_size=self.opts.chunk_size

@@ -361,6 +361,16 @@ def sample_tree(
     return _SampledWalk(src, max_entries, seed, skip_unreadable).run(exact)
 
 
+def sample_walked(tree: TreeWalk, *, max_entries: int, seed: int) -> TreeSample:
+    """What `sample_tree` takes, for a tree `fanfs pack` has just walked: its files if it has
+    at most `max_entries` entries, else a sampled walk that reports nothing (the pack's walk
+    has reported every special or unreadable entry once already)."""
+    if tree.n > max_entries:
+        return _SampledWalk(tree.src, max_entries, seed, True, quiet=True).run(0)
+    files = tree.file_refs()
+    return TreeSample(files, True, tree.n, tree.directories, len(files), sum(f.size for f in files))
+
+
 def _exact_sample(src: str, max_entries: int, skip_unreadable: bool) -> TreeSample | int:
     """Every file, walked as `fanfs pack` walks; or the entries seen before passing
     `max_entries` (the walk's columns are freed on return)."""
@@ -385,8 +395,11 @@ class _SampledWalk:
     File types come from the directory listing (d_type), so only sampled files are stat'ed.
     """
 
-    def __init__(self, src: str, budget: int, seed: int, skip_unreadable: bool) -> None:
+    def __init__(
+        self, src: str, budget: int, seed: int, skip_unreadable: bool, *, quiet: bool = False
+    ) -> None:
         self.src = src
+        self.quiet = quiet  # unreadable directories pass silently (already reported)
         self.root = os.fsencode(src)
         self.budget = budget
         self.rng = random.Random(seed)
@@ -467,7 +480,8 @@ class _SampledWalk:
                         self.truncated = True
                         break
         except OSError as exc:
-            unreadable(display(rel) or self.src, exc, skip=self.skip_unreadable and bool(rel))
+            if not self.quiet:
+                unreadable(display(rel) or self.src, exc, skip=self.skip_unreadable and bool(rel))
         files.sort()
         subdirs.sort()
         return files, subdirs

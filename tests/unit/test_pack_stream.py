@@ -33,7 +33,7 @@ from fanfs.pack import PackOptions, run_pack
 from fanfs.sample import generate_small
 from fanfs.verify import verify_pack
 from fanfs.walk import sample_tree, walk_tree
-from tests.conftest import lookup_path
+from tests.conftest import lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.data.make_golden import CODECS_V3, MTIME, PACK_ARGS
 from tests.reftree import SCENARIOS, build_reference_tree, pack_digests
@@ -332,3 +332,13 @@ def test_auto_pack_of_a_sampled_tree_codes_unsampled_classes_with_the_default(
     assert not any(c.endswith(".zzz") for c in classes), classes
     assert reader.index.chunk_codec[reader.index.first[entry]] == CODEC_ZSTD
     assert verify_pack(str(out), quiet=True) == 0
+
+
+def test_auto_pack_reports_a_special_file_once(tmp_path: Path) -> None:
+    """The plan profiles the tree the pack walked: its warnings are not printed twice."""
+    src = _small_tree(tmp_path / "src", 40)
+    os.mkfifo(src / "c0" / "pipe")
+    out = tmp_path / "out"
+    result = run_fanfs("pack", src, out, "-q", "--codec", "auto", *_PLAN_ARGS)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("skipping c0/pipe: not a regular file") == 1, result.stderr
