@@ -443,8 +443,7 @@ class _SampledWalk:
         listed: list[tuple[list[tuple[bytes, int, float]], list[bytes], float]] = []
         for i in order:
             if listed and self.examined - start >= allowance:
-                self.truncated = True
-                break
+                break  # the rest of the level is represented by the listed (weights)
             rel, weight = level[i]
             # The level's allowance decides whether to start a directory, never where a
             # listing stops (a partial listing would bias the estimate): only the whole

@@ -286,6 +286,7 @@ def test_plan_of_a_large_tree_is_bounded_and_extrapolated(
     # At most the exact attempt plus the sampled walk (and the last directory's listing).
     assert walk["entries_examined"] <= 2 * PLAN_SAMPLE_ENTRIES + 1000, walk
     assert walk["files_sampled"] < PLAN_FILES / 10, walk
+    assert not walk["partial"], walk  # every level reached, no listing cut short
     # Every class directory holds the same number of files: the estimate is exact.
     assert walk["files_estimated"] == PLAN_FILES == record["files"]
     assert abs(walk["bytes_estimated"] - total) < 0.1 * total, (walk, total)
