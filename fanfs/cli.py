@@ -54,6 +54,13 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "-j", "--jobs", type=int, default=0, help="compression threads (default: all cores)"
     )
+    p.add_argument(
+        "--read-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="source reads in flight, for parallel filesystems (default 16)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     p.add_argument(
@@ -136,6 +143,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--sample-bytes", default="64MiB", help="bytes sampled over all classes (default 64MiB)"
+    )
+    g.add_argument(
+        "--sample-entries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="walk at most N entries of SRC to plan (bigger trees are sampled; default 200000)",
     )
     g.add_argument(
         "--time-budget",
@@ -372,6 +386,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         force=args.force,
         skip_unreadable=args.skip_unreadable,
+        read_threads=args.read_threads,
+        sample_entries=args.sample_entries,
     )
     run_pack(opts)
     return 0

@@ -1,12 +1,15 @@
-"""`fanfs pack SRC OUT`: walk a dataset tree, compress it in parallel, write a pack.
+"""`fanfs pack SRC OUT`: walk a dataset tree, read and compress it in parallel, write a pack.
 
-Pipeline: a breadth-first walk (lstat only, symlinks never followed) builds the tree in the
-index's entry order; with `--codec auto` the optimizer then profiles a sample and picks a codec
-(and maybe a dictionary, for zstd or lz4) per class of files; chunks are read and compressed by
-a thread pool (the codecs and reads release the GIL) and consumed strictly in order, so the
-pack is deterministic whatever `--jobs` is; `PackWriter` places them; the index and manifest
-come last, into a temporary directory that is renamed over OUT only when complete. Never
-imports trio, pyfuse3 or mpi4py."""
+Pipeline, streaming (no Python object per file: issue 11): `walk.TreeWalk` walks the tree
+breadth-first (lstat only, symlinks never followed) into numpy columns and one names blob in
+the index's entry order; with `--codec auto` the optimizer first profiles a bounded sample
+(`walk.sample_tree`) and picks a codec (and maybe a dictionary, for zstd or lz4) per class of
+files; chunks are read by a pool of `--read-threads` threads (many reads in flight, for the
+latency of a parallel filesystem), compressed by `--jobs` threads (the codecs and reads
+release the GIL) and consumed strictly in entry order, so the pack is deterministic whatever
+the thread counts and timing; `PackWriter` places them; the chunk table grows as columns; the
+index (built from the columns, vectorised) and manifest come last, into a temporary directory
+that is renamed over OUT only when complete. Never imports trio, pyfuse3 or mpi4py."""
 
 from __future__ import annotations
 
@@ -14,16 +17,14 @@ import argparse
 import collections
 import concurrent.futures
 import json
-import logging
 import math
 import os
-import re
 import shutil
 import stat
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -31,14 +32,35 @@ import numpy as np
 from fanfs import __version__
 from fanfs._progress import Progress
 from fanfs._sizes import format_size, parse_size
-from fanfs.compression import CodecSpec, chunk_codec_name, compress_object
+from fanfs.compression import CodecSpec, chunk_codec_name, compress_object, parse_codec
 from fanfs.errors import PackInputError, UsageError
-from fanfs.format.layout import MANIFEST_NAME, NAME_MAX, bind_chunk_crc, chunk_count
+from fanfs.format.layout import (
+    CHUNK_COLUMNS,
+    MANIFEST_NAME,
+    bind_chunk_crc,
+    chunk_count,
+    chunk_length,
+)
 from fanfs.format.writer import PackWriter
-from fanfs.optimizer import FileRef, Plan, PlanSettings, class_of, make_plan, plan_record
-from fanfs.plan import plan_table, settings_from_args
+from fanfs.optimizer import Plan, PlanSettings, class_of, make_plan
+from fanfs.plan import plan_table, sample_settings, sampled_plan_record, settings_from_args
+from fanfs.walk import (
+    BROADCAST,
+    DEFAULT_SAMPLE_ENTRIES,
+    SKIPPED,
+    Column,
+    TreeSample,
+    TreeWalk,
+    display,
+    glob_to_regex,
+    sample_tree,
+    sample_walked,
+    unreadable,
+    walk_tree,
+)
 
-log = logging.getLogger(__name__)
+__all__ = ["PackOptions", "display", "glob_to_regex", "run_pack", "run_plan", "walk_tree"]
+
 
 DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
 # Default partition count: one per this many source bytes, at least MIN_PARTITIONS (so small
@@ -46,6 +68,15 @@ DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
 PARTITION_TARGET_BYTES: Final = 128 * 1024 * 1024
 MIN_PARTITIONS: Final = 16
 MAX_PARTITIONS: Final = 4096
+# Source reads in flight: a parallel filesystem (Lustre, GPFS) answers each small read after
+# a round trip of ~0.5-5 ms, so throughput needs many at once; a local disk is not hurt.
+DEFAULT_READ_THREADS: Final = 16
+MAX_READ_THREADS: Final = 256
+# A reader thread reads a batch of consecutive chunks (one pool task, not one per small file).
+BATCH_CHUNKS: Final = 16
+BATCH_BYTES: Final = 256 * 1024
+# With a sampled `--codec auto` plan: files of a class no sampled file had (the --codec default).
+UNPLANNED_CODEC: Final = parse_codec("zstd:3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,151 +92,43 @@ class PackOptions:
     force: bool = False
     skip_unreadable: bool = False
     auto: PlanSettings | None = None  # --codec auto: plan with these settings; `codec` unused
+    read_threads: int = 0  # 0: DEFAULT_READ_THREADS
+    sample_entries: int | None = None  # --codec auto: bound of the profiled walk (None: default)
 
 
 class PlanInfeasibleError(UsageError):
     """`--codec auto` cannot meet its constraint; `plan` is the closest plan."""
 
-    def __init__(self, message: str, plan: Plan) -> None:
+    def __init__(self, message: str, plan: Plan, sample: TreeSample) -> None:
         super().__init__(message)
         self.plan = plan
+        self.sample = sample
 
 
-@dataclass(slots=True)
-class _Node:
-    path: bytes  # absolute path, for reading
-    rel: bytes  # path relative to SRC, for messages and broadcast globs
-    name: bytes
-    parent: int
-    st: os.stat_result
-    broadcast: bool
-    children: list[int] = field(default_factory=list)
-    target: bytes = b""
-    chunks: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
-    skipped: bool = False
-    spec: CodecSpec | None = None  # None: the pack's --codec
-    dict_id: int = 0
-    dictionary: bytes | None = None
-    cls: str = ""  # optimizer class, with --codec auto
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """One chunk to read: file `entry` (walker id), its path, st_size, chunk number."""
+
+    entry: int
+    path: bytes
+    rel: bytes
+    size: int
+    chunk_no: int
+    spec: CodecSpec
+    dictionary: bytes | None
+    cls: str  # optimizer class, with --codec auto
 
 
-def display(path: bytes) -> str:
-    """A path for messages: undecodable bytes shown as \\xNN, never an encode error."""
-    return path.decode("utf-8", "backslashreplace")
+# A chunk as read and compressed: (codec, stored, crc32), or the error met reading it (raised
+# or skipped by the consumer, in order).
+_Result = tuple[int, bytes, int] | OSError | PackInputError
 
 
-def glob_to_regex(pattern: str) -> re.Pattern[bytes]:
-    """Compile a broadcast glob: `*` and `?` stay within a path segment, `**` spans segments.
-
-    A pattern that matches a directory also covers everything below it (`val` == `val/**`).
-    """
-    out = []
-    segments = pattern.strip("/").split("/")
-    for i, seg in enumerate(segments):
-        last = i == len(segments) - 1
-        if seg == "**":
-            out.append(".*" if last else "(?:[^/]*/)*")
-            continue
-        body = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in seg)
-        out.append(body if last else body + "/")
-    return re.compile(("^" + "".join(out) + "(?:/.*)?$").encode(), re.DOTALL)
-
-
-class _Walker:
-    """Breadth-first walk of SRC into `_Node`s in index entry order."""
-
-    def __init__(self, opts: PackOptions) -> None:
-        self.opts = opts
-        self.globs = [glob_to_regex(g) for g in opts.broadcast]
-        self.nodes: list[_Node] = []
-        self.skipped_special = 0
-
-    def walk(self) -> list[_Node]:
-        src = os.fsencode(self.opts.src)
-        root_st = os.stat(src)
-        self.nodes.append(_Node(src, b"", b"", 0, root_st, False))
-        queue = collections.deque([0])
-        while queue:
-            dir_id = queue.popleft()
-            for child in self._scan(dir_id):
-                if stat.S_ISDIR(self.nodes[child].st.st_mode):
-                    queue.append(child)
-        return self.nodes
-
-    def _scan(self, dir_id: int) -> list[int]:
-        node = self.nodes[dir_id]
-        try:
-            with os.scandir(node.path) as it:
-                names = sorted(entry.name for entry in it)
-        except OSError as exc:
-            self._unreadable(node, exc)
-            return []
-        for name in names:
-            self._add(dir_id, name)
-        return node.children
-
-    def _add(self, dir_id: int, name: bytes) -> None:
-        parent = self.nodes[dir_id]
-        path = parent.path + b"/" + name
-        rel = parent.rel + b"/" + name if parent.rel else name
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            # A directory that can be listed but not searched (mode r--): report the entry.
-            self._unreadable(_Node(path, rel, name, dir_id, parent.st, False), exc)
-            return
-        mode = st.st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-            log.warning("skipping %s: not a regular file, directory or symlink", display(rel))
-            self.skipped_special += 1
-            return
-        if len(name) > NAME_MAX:
-            raise PackInputError("name longer than %d bytes: %s" % (NAME_MAX, display(rel)))
-        broadcast = parent.broadcast or any(g.match(rel) for g in self.globs)
-        node = _Node(path, rel, name, dir_id, st, broadcast)
-        if stat.S_ISLNK(mode):
-            node.target = os.readlink(path)
-        parent.children.append(len(self.nodes))
-        self.nodes.append(node)
-
-    def _unreadable(self, node: _Node, exc: OSError) -> None:
-        what = display(node.rel) or self.opts.src
-        if not self.opts.skip_unreadable or node is self.nodes[0]:
-            raise PackInputError(
-                "cannot read %s: %s (use --skip-unreadable to skip it)" % (what, exc.strerror)
-            )
-        log.warning("skipping unreadable %s: %s", what, exc.strerror)
-        node.skipped = True
-
-
-def walk_tree(src: str, *, skip_unreadable: bool = False) -> list[FileRef]:
-    """The regular files under `src`, walked exactly as `fanfs pack` walks (for `fanfs plan`)."""
-    opts = PackOptions(src=src, out="", codec=CodecSpec(0, 0), skip_unreadable=skip_unreadable)
-    return _file_refs(_Walker(opts).walk())
-
-
-def _file_refs(nodes: list[_Node]) -> list[FileRef]:
-    return [
-        FileRef(n.rel, n.path, n.st.st_size)
-        for n in nodes
-        if stat.S_ISREG(n.st.st_mode) and not n.skipped
-    ]
-
-
-def _read_and_compress(
-    node: _Node, chunk_no: int, chunk_size: int, spec: CodecSpec
-) -> tuple[int, bytes, int] | OSError:
-    """Worker: read one chunk of a file and compress it. Returns (codec, stored, crc32).
-
-    OSError is returned, not raised, so the consumer can apply --skip-unreadable in order.
-    """
-    size = node.st.st_size
-    offset = chunk_no * chunk_size
-    length = min(chunk_size, size - offset)
-    try:
-        fd = os.open(node.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return exc
+def read_chunk(path: bytes, rel: bytes, size: int, offset: int, length: int) -> bytes:
+    """Read `length` bytes at `offset` of a file that had `size` bytes when walked; raise
+    PackInputError if it changed (a different size, or bytes past its end). Called by the
+    reader pool's threads; OSError propagates."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         data = os.pread(fd, length, offset)
         now = os.fstat(fd).st_size
@@ -213,21 +136,46 @@ def _read_and_compress(
         if len(data) != length or now != size or (last and os.pread(fd, 1, offset + length)):
             raise PackInputError(
                 "file changed while being packed: %s (size was %d, now %d)"
-                % (display(node.rel), size, now)
+                % (display(rel), size, now)
             )
-    except OSError as exc:
-        return exc
     finally:
         os.close(fd)
-    codec, stored = compress_object(data, node.spec or spec, node.dictionary)
-    return codec, stored, zlib.crc32(stored)
+    return data
 
 
-def _chunk_tasks(nodes: list[_Node], chunk_size: int) -> Iterator[tuple[_Node, int]]:
-    for node in nodes:
-        if stat.S_ISREG(node.st.st_mode) and not node.skipped:
-            for chunk_no in range(chunk_count(node.st.st_size, chunk_size)):
-                yield node, chunk_no
+def _read_batch(
+    batch: list[_Task], chunk_size: int, compress_pool: concurrent.futures.Executor
+) -> concurrent.futures.Future[list[_Result]]:
+    """Reader thread: read a batch of chunks, then hand it to the compression pool."""
+    datas: list[bytes | OSError | PackInputError] = []
+    for task in batch:
+        offset = task.chunk_no * chunk_size
+        try:
+            datas.append(
+                read_chunk(
+                    task.path,
+                    task.rel,
+                    task.size,
+                    offset,
+                    chunk_length(task.size, chunk_size, task.chunk_no),
+                )
+            )
+        except (OSError, PackInputError) as exc:
+            datas.append(exc)
+    return compress_pool.submit(_compress_batch, batch, datas)
+
+
+def _compress_batch(
+    batch: list[_Task], datas: list[bytes | OSError | PackInputError]
+) -> list[_Result]:
+    out: list[_Result] = []
+    for task, data in zip(batch, datas, strict=True):
+        if isinstance(data, bytes):
+            codec, stored = compress_object(data, task.spec, task.dictionary)
+            out.append((codec, stored, zlib.crc32(stored)))
+        else:
+            out.append(data)
+    return out
 
 
 def default_partitions(total_bytes: int, chunk_count: int) -> int:
@@ -236,93 +184,159 @@ def default_partitions(total_bytes: int, chunk_count: int) -> int:
 
 
 class Packer:
-    """One run of `fanfs pack`. Call `run()`; it returns the manifest it wrote."""
+    """One run of `fanfs pack`. Call `run()`; it returns the manifest it wrote.
+
+    The walk's columns hold every entry (walker ids); the chunk columns grow as chunks are
+    consumed, strictly in entry order, so chunk ids, placement and every byte of the pack
+    are the same whatever the threads' timing.
+    """
 
     def __init__(self, opts: PackOptions) -> None:
         self.opts = opts
         self.jobs = opts.jobs or os.cpu_count() or 1
+        self.read_threads = opts.read_threads or DEFAULT_READ_THREADS
         self.codec_stats: dict[str, list[int]] = {}
         self.class_stats: dict[str, list[int]] = {}
         self.plan: Plan | None = None
+        self.sample: TreeSample | None = None
+        self.dict_ids: dict[str, int] = {}
+        self.chunk_rows = _ChunkRows()
 
     def run(self) -> dict[str, Any]:
         out = os.path.abspath(self.opts.out)
-        nodes = _Walker(self.opts).walk()
+        with concurrent.futures.ThreadPoolExecutor(self.read_threads, "pack-stat") as pool:
+            tree = TreeWalk(
+                self.opts.src,
+                broadcast=self.opts.broadcast,
+                skip_unreadable=self.opts.skip_unreadable,
+                pool=pool,
+            ).walk()
         if self.opts.auto is not None:
-            self._make_plan(nodes, self.opts.auto)
+            self._make_plan(self.opts.auto, tree)
         tmp = os.path.join(
             os.path.dirname(out), ".%s.fanfs-tmp-%d" % (os.path.basename(out), os.getpid())
         )
         os.mkdir(tmp)
         try:
-            manifest = self._write(tmp, nodes)
+            manifest = self._write(tmp, tree)
             _replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return manifest
 
-    def _write(self, tmp: str, nodes: list[_Node]) -> dict[str, Any]:
-        tasks = list(_chunk_tasks(nodes, self.opts.chunk_size))
-        regular = sum(1 for node, _ in tasks if not node.broadcast)
-        bytes_total = sum(n.st.st_size for n in nodes if stat.S_ISREG(n.st.st_mode))
-        bcast_bytes = sum(n.st.st_size for n in nodes if stat.S_ISREG(n.st.st_mode) and n.broadcast)
+    def _write(self, tmp: str, tree: TreeWalk) -> dict[str, Any]:
+        files = tree.regular_files()
+        sizes = tree.size.array[files].astype(np.int64)
+        bcast = (tree.flags.array[files] & BROADCAST) != 0
+        counts: np.ndarray = -(-sizes // self.opts.chunk_size)  # layout.chunk_count, per file
+        tasks_total = int(counts.sum())
+        regular = int(counts[~bcast].sum())
+        bytes_total = int(sizes.sum())
+        bcast_bytes = int(sizes[bcast].sum())
+        del files, sizes, bcast, counts
         partitions = self.opts.partitions or default_partitions(bytes_total - bcast_bytes, regular)
-        bcast_parts = default_partitions(bcast_bytes, len(tasks) - regular) if bcast_bytes else 0
+        bcast_parts = default_partitions(bcast_bytes, tasks_total - regular) if bcast_bytes else 0
         writer = PackWriter(tmp, partitions, bcast_parts)
         try:
-            self._apply_plan(writer, nodes)
-            self._compress_all(writer, tasks, bytes_total)
-            columns = _build_columns(nodes, self.opts.chunk_size)
-            return writer.finish(columns, self._manifest_fields(nodes, columns, partitions))
+            self._add_dictionaries(writer)
+            self._compress_all(writer, tree, tasks_total, bytes_total)
+            columns = _index_columns(tree, self.chunk_rows.columns())
+            return writer.finish(columns, self._manifest_fields(tree, columns, partitions))
         except BaseException:
             writer.abort()
             raise
 
-    def _make_plan(self, nodes: list[_Node], settings: PlanSettings) -> None:
-        plan = make_plan(_file_refs(nodes), settings, chunk_size=self.opts.chunk_size)
+    def _make_plan(self, settings: PlanSettings, tree: TreeWalk) -> None:
+        sample = sample_walked(
+            tree, max_entries=_sample_entries(self.opts.sample_entries), seed=settings.seed
+        )
+        plan = make_plan(
+            sample.files, sample_settings(settings, sample), chunk_size=self.opts.chunk_size
+        )
+        self.sample = sample
         if not plan.selection.feasible:
-            raise PlanInfeasibleError(plan.selection.problem, plan)
+            raise PlanInfeasibleError(plan.selection.problem, plan, sample)
         self.plan = plan
 
-    def _apply_plan(self, writer: PackWriter, nodes: list[_Node]) -> None:
-        """Give every file its class's codec; store the dictionaries the plan uses."""
+    def _add_dictionaries(self, writer: PackWriter) -> None:
+        """Store the dictionaries the plan uses."""
         if self.plan is None:
             return
-        known = self.plan.class_names
-        dict_ids: dict[str, int] = {}
         for prof in self.plan.profiles:
-            spec, dictionary = self.plan.choice(prof.name)
+            _, dictionary = self.plan.choice(prof.name)
             if dictionary is not None:
-                dict_ids[prof.name] = writer.add_dictionary(dictionary, prof.name)
-        for node in nodes:
-            if stat.S_ISREG(node.st.st_mode):
-                node.cls = class_of(node.rel, known)
-                node.spec, node.dictionary = self.plan.choice(node.cls)
-                node.dict_id = dict_ids.get(node.cls, 0)
+                self.dict_ids[prof.name] = writer.add_dictionary(dictionary, prof.name)
 
-    def _compress_all(self, writer: PackWriter, tasks: list[tuple[_Node, int]], total: int) -> None:
-        progress = Progress(total, len(tasks), enabled=not self.opts.quiet and sys.stderr.isatty())
-        window = self.jobs * 8
-        spec, chunk_size = self.opts.codec, self.opts.chunk_size
-        pending: collections.deque[tuple[_Node, concurrent.futures.Future[Any]]] = (
-            collections.deque()
-        )
-        todo = iter(tasks)
-        with concurrent.futures.ThreadPoolExecutor(self.jobs, thread_name_prefix="pack") as pool:
+    def _codec_of(self, rel: bytes) -> tuple[str, CodecSpec, bytes | None]:
+        """A file's class (with --codec auto), codec and dictionary."""
+        if self.plan is None:
+            return "", self.opts.codec, None
+        cls = class_of(rel, self.plan.class_names)
+        if cls not in self.plan.class_names:
+            # Only after a sampled walk: a class no sampled file had gets the default codec.
+            return cls, UNPLANNED_CODEC, None
+        spec, dictionary = self.plan.choice(cls)
+        return cls, spec, dictionary
+
+    def _batches(self, tree: TreeWalk) -> Iterator[list[_Task]]:
+        """The chunks of the regular files in entry order, in batches of up to BATCH_CHUNKS
+        chunks or BATCH_BYTES (one reader thread reads a batch's files one after the other)."""
+        chunk_size = self.opts.chunk_size
+        sizes = tree.size.array
+        batch: list[_Task] = []
+        batch_bytes = 0
+        for files in tree.regular_file_blocks():
+            for entry, rel, path in tree.file_paths(files):
+                size = int(sizes[entry])
+                cls, spec, dictionary = self._codec_of(rel)
+                for chunk_no in range(chunk_count(size, chunk_size)):
+                    batch.append(_Task(entry, path, rel, size, chunk_no, spec, dictionary, cls))
+                    batch_bytes += chunk_length(size, chunk_size, chunk_no)
+                    if len(batch) >= BATCH_CHUNKS or batch_bytes >= BATCH_BYTES:
+                        yield batch
+                        batch, batch_bytes = [], 0
+        if batch:
+            yield batch
+
+    def _compress_all(self, writer: PackWriter, tree: TreeWalk, tasks: int, total: int) -> None:
+        """Read with `read_threads` threads (many reads in flight: a parallel filesystem's
+        latency is hidden), compress with `jobs` threads, consume in order."""
+        progress = Progress(total, tasks, enabled=not self.opts.quiet and sys.stderr.isatty())
+        window = max(2 * self.read_threads, 4 * self.jobs)
+        pending: collections.deque[
+            tuple[list[_Task], concurrent.futures.Future[concurrent.futures.Future[list[_Result]]]]
+        ] = collections.deque()
+        todo = self._batches(tree)
+        state = _FileState()
+        with (
+            concurrent.futures.ThreadPoolExecutor(self.jobs, "pack") as compress_pool,
+            concurrent.futures.ThreadPoolExecutor(self.read_threads, "pack-read") as read_pool,
+        ):
             try:
                 while True:
-                    while len(pending) < window and (task := next(todo, None)) is not None:
-                        node, chunk_no = task
-                        future = pool.submit(_read_and_compress, node, chunk_no, chunk_size, spec)
-                        pending.append((node, future))
+                    while len(pending) < window and (batch := next(todo, None)) is not None:
+                        pending.append(
+                            (
+                                batch,
+                                read_pool.submit(
+                                    _read_batch, batch, self.opts.chunk_size, compress_pool
+                                ),
+                            )
+                        )
                     if not pending:
                         break
-                    node, future = pending.popleft()
-                    self._consume(writer, node, future.result(), progress)
+                    batch, future = pending.popleft()
+                    if not future.done() or not future.result().done():
+                        writer.flush()  # idle anyway: write out what is buffered
+                    results = future.result().result()
+                    for task, result in zip(batch, results, strict=True):
+                        self._consume(writer, tree, state, task, result, progress)
             except BaseException:
                 for _, future in pending:
                     future.cancel()
+                read_pool.shutdown(wait=True, cancel_futures=True)
+                compress_pool.shutdown(wait=True, cancel_futures=True)
                 raise
             finally:
                 progress.close()
@@ -330,31 +344,35 @@ class Packer:
     def _consume(
         self,
         writer: PackWriter,
-        node: _Node,
-        result: tuple[int, bytes, int] | OSError,
+        tree: TreeWalk,
+        state: _FileState,
+        task: _Task,
+        result: _Result,
         progress: Progress,
     ) -> None:
-        if node.skipped:
+        entry = task.entry
+        rows = self.chunk_rows
+        if entry != state.entry:
+            state.entry, state.first_row = entry, rows.n
+        if tree.flags.array[entry] & SKIPPED:
             return
+        if isinstance(result, PackInputError):
+            raise result
         if isinstance(result, OSError):
-            if not self.opts.skip_unreadable:
-                raise PackInputError(
-                    "cannot read %s: %s (use --skip-unreadable to skip it)"
-                    % (display(node.rel), result.strerror)
-                )
-            log.warning("skipping unreadable %s: %s", display(node.rel), result.strerror)
-            node.skipped = True
+            unreadable(display(task.rel), result, skip=self.opts.skip_unreadable)
+            tree.flags.array[entry] |= SKIPPED
+            tree.skipped += 1
+            rows.truncate(state.first_row)  # its chunks so far are not in the index
             return
         codec, stored, crc = result
-        partition, offset = writer.add_chunk(stored, node.broadcast)
+        partition, offset = writer.add_chunk(stored, bool(tree.flags.array[entry] & BROADCAST))
         # Raw chunks (the incompressible fallback) never refer to the dictionary.
-        dict_id = node.dict_id if codec != 0 else 0
-        node.chunks.append((partition, offset, len(stored), codec, crc, dict_id))
-        usize = min(
-            self.opts.chunk_size, node.st.st_size - (len(node.chunks) - 1) * self.opts.chunk_size
-        )
+        dict_id = self.dict_ids.get(task.cls, 0) if codec != 0 else 0
+        rows.append(partition, offset, len(stored), codec, crc, dict_id)
+        tree.count.array[entry] = rows.n - state.first_row
+        usize = chunk_length(task.size, self.opts.chunk_size, task.chunk_no)
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
-        for table, key in ((self.codec_stats, name), (self.class_stats, node.cls)):
+        for table, key in ((self.codec_stats, name), (self.class_stats, task.cls)):
             stats = table.setdefault(key, [0, 0, 0])
             stats[0] += 1
             stats[1] += usize
@@ -362,7 +380,7 @@ class Packer:
         progress.advance(usize)
 
     def _manifest_fields(
-        self, nodes: list[_Node], columns: dict[str, np.ndarray], partitions: int
+        self, tree: TreeWalk, columns: dict[str, np.ndarray], partitions: int
     ) -> dict[str, Any]:
         kinds = columns["mode"] & 0o170000
         files = int(np.count_nonzero(kinds == stat.S_IFREG))
@@ -381,7 +399,7 @@ class Packer:
                 "symlinks": int(np.count_nonzero(kinds == stat.S_IFLNK)),
                 "bytes_in": int(columns["size"][kinds == stat.S_IFREG].sum()),
                 "bytes_out": int(columns["csize"].sum()),
-                "skipped": sum(1 for n in nodes if n.skipped),
+                "skipped": tree.skipped,
             },
             "codec_stats": {
                 name: {"chunks": c, "bytes_in": b_in, "bytes_out": b_out}
@@ -392,9 +410,9 @@ class Packer:
 
     def _plan_record(self) -> dict[str, Any] | None:
         """The plan as planned, plus what each class realised (`fanfs inspect`)."""
-        if self.plan is None:
+        if self.plan is None or self.sample is None:
             return None
-        record = plan_record(self.plan)
+        record = sampled_plan_record(self.plan, self.sample)
         for row in record["classes"]:
             chunks, b_in, b_out = self.class_stats.get(row["class"], [0, 0, 0])
             row["realised"] = {
@@ -405,54 +423,119 @@ class Packer:
         return record
 
 
-def _build_columns(nodes: list[_Node], chunk_size: int) -> dict[str, np.ndarray]:
-    """Turn the walked tree (minus skipped nodes) into index columns in entry order."""
-    alive = [i for i, n in enumerate(nodes) if not n.skipped]
-    new_id = {old: new for new, old in enumerate(alive)}
-    names = bytearray()
-    cols: dict[str, list[int]] = {
-        k: []
-        for k in ("parent", "name_off", "name_len", "mode", "mtime_ns", "size", "first", "count")
+@dataclass(slots=True)
+class _FileState:
+    """The consumer's current file: its walker id and its first chunk row."""
+
+    entry: int = -1
+    first_row: int = 0
+
+
+class _ChunkRows:
+    """The chunk table as chunks are placed, in columns (rows buffered, then flushed)."""
+
+    _FLUSH: Final = 4096
+
+    def __init__(self) -> None:
+        self._columns = [Column(dtype) for _, dtype in CHUNK_COLUMNS]
+        self._pending: list[tuple[int, int, int, int, int, int]] = []
+
+    @property
+    def n(self) -> int:
+        return self._columns[0].n + len(self._pending)
+
+    def append(
+        self, partition: int, offset: int, csize: int, codec: int, crc: int, dict_id: int
+    ) -> None:
+        # Format 4: each chunk's crc32 also covers its chunk id (known only now).
+        crc = bind_chunk_crc(crc, self.n)
+        self._pending.append((partition, offset, csize, codec, crc, dict_id))
+        if len(self._pending) >= self._FLUSH:
+            self._flush()
+
+    def truncate(self, n: int) -> None:
+        """Forget the rows from `n` on (a file skipped after some of its chunks)."""
+        self._flush()
+        for column in self._columns:
+            column.n = n
+
+    def columns(self) -> dict[str, np.ndarray]:
+        self._flush()
+        return {name: c.values for (name, _), c in zip(CHUNK_COLUMNS, self._columns, strict=True)}
+
+    def _flush(self) -> None:
+        if self._pending:
+            for i, column in enumerate(self._columns):
+                column.extend([row[i] for row in self._pending])
+            self._pending.clear()
+
+
+def _index_columns(tree: TreeWalk, chunks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The index columns in entry order from the walk's columns, vectorised, and frugal: the
+    walk's columns already have the index's dtypes and are passed on as they are (`first`
+    rewritten in place); no new array per entry but masks. Directories, symlinks and skipped
+    entries (few) are fixed through their ids. Skipped entries are dropped: later ids
+    renumbered, their names cut out of the names blob, each remaining column copied once."""
+    kinds = tree.mode.values & 0o170000
+    is_file = kinds == stat.S_IFREG
+    dirs = np.flatnonzero(kinds == stat.S_IFDIR)
+    links = np.flatnonzero(kinds == stat.S_IFLNK)
+    del kinds
+    dead = np.flatnonzero(tree.flags.values & SKIPPED)
+    counts = tree.count.values
+    dir_first, dir_count = tree.first.values[dirs], counts[dirs].astype(np.int64)
+    # A file's chunks follow those of the kept files before it (an empty file's `first` is
+    # where its chunks would be): an exclusive running sum of the kept files' chunk counts,
+    # computed in the walk's `first` column (only directories used it, saved just above).
+    first = tree.first.values
+    first[:] = 0
+    np.copyto(first, counts, where=is_file)
+    del is_file
+    first[dead] = 0
+    np.cumsum(first, out=first)
+    np.subtract(first, counts, out=first, casting="unsafe")  # wrong only where overwritten
+    # The names blob holds each entry's name, then a symlink's target, in entry order.
+    name_off, name_len, names = tree.name_off.values, tree.name_len.values, tree.names
+    seg_len = name_len[dead].astype(np.uint64)
+    seg_len[np.isin(dead, links)] += tree.size.values[dead[np.isin(dead, links)]]
+    parent, count = tree.parent.values, counts
+    if len(dead):
+        # Ids, children and name offsets once the dead entries are gone.
+        dead_before = np.searchsorted(dead, tree.parent.values).astype(np.uint32)
+        parent = tree.parent.values - dead_before
+        del dead_before
+        ends = dir_first + dir_count.astype(np.uint64)
+        lo, hi = np.searchsorted(dead, dir_first), np.searchsorted(dead, ends)
+        dir_count = dir_count - (hi - lo)
+        dir_first = dir_first - lo.astype(np.uint64)
+        blob, pieces, pos = memoryview(names), [], 0
+        for entry, length in zip(dead.tolist(), seg_len.tolist(), strict=True):
+            pieces.append(blob[pos : int(name_off[entry])])
+            pos = int(name_off[entry]) + length
+        pieces.append(blob[pos:])
+        names = bytearray().join(pieces)
+        del pieces, blob
+        cut = np.concatenate(([0], np.cumsum(seg_len)))
+        name_off = name_off - cut[np.searchsorted(dead, np.arange(tree.n))].astype(np.uint64)
+        count = counts.copy()
+    first[dirs] = np.where(dir_count > 0, dir_first, 0)
+    count[dirs] = dir_count
+    first[links] = name_off[links] + name_len[links]
+    columns = {
+        "parent": parent,
+        "name_off": name_off,
+        "name_len": name_len,
+        "mode": tree.mode.values,
+        "mtime_ns": tree.mtime_ns.values,
+        "size": tree.size.values,
+        "first": first,
+        "count": count,
     }
-    chunk_rows: list[tuple[int, int, int, int, int, int]] = []
-    for old in alive:
-        node = nodes[old]
-        cols["parent"].append(new_id[node.parent])
-        cols["name_off"].append(len(names))
-        cols["name_len"].append(len(node.name))
-        names += node.name
-        cols["mode"].append(node.st.st_mode)
-        cols["mtime_ns"].append(node.st.st_mtime_ns)
-        mode = node.st.st_mode
-        if stat.S_ISDIR(mode):
-            kids = [new_id[c] for c in node.children if c in new_id]
-            cols["size"].append(0)
-            cols["first"].append(kids[0] if kids else 0)
-            cols["count"].append(len(kids))
-        elif stat.S_ISLNK(mode):
-            cols["size"].append(len(node.target))
-            cols["first"].append(len(names))
-            cols["count"].append(0)
-            names += node.target
-        else:
-            cols["size"].append(node.st.st_size)
-            cols["first"].append(len(chunk_rows))
-            cols["count"].append(len(node.chunks))
-            # Format 4: each chunk's crc32 also covers its chunk id (known only now).
-            for cid, (partition, offset, csize, codec, crc, dict_id) in enumerate(
-                node.chunks, len(chunk_rows)
-            ):
-                chunk_rows.append(
-                    (partition, offset, csize, codec, bind_chunk_crc(crc, cid), dict_id)
-                )
-    out = {
-        k: np.array(v, dtype=np.int64 if k == "mtime_ns" else np.uint64) for k, v in cols.items()
-    }
-    chunks = np.array(chunk_rows, dtype=np.uint64).reshape(-1, 6)
-    for i, name in enumerate(("partition", "offset", "csize", "codec", "crc32", "dict")):
-        out[name] = chunks[:, i]
-    out["names"] = np.frombuffer(bytes(names), dtype=np.uint8)
-    return out
+    if len(dead):
+        alive = np.ones(tree.n, dtype=bool)
+        alive[dead] = False
+        columns = {k: v[alive] for k, v in columns.items()}
+    return {**columns, **chunks, "names": np.frombuffer(names, dtype=np.uint8)}
 
 
 def _replace_dir(tmp: str, out: str) -> None:
@@ -504,10 +587,25 @@ def check_inputs(opts: PackOptions) -> None:
         raise PackInputError("cannot create %s: %s is not writable" % (opts.out, parent))
     if opts.jobs < 0:
         raise UsageError("--jobs must be 0 (all cores) or more")
+    if not 0 <= opts.read_threads <= MAX_READ_THREADS:
+        raise UsageError(
+            "--read-threads must be between 1 and %d (0: the default, %d)"
+            % (MAX_READ_THREADS, DEFAULT_READ_THREADS)
+        )
+    _sample_entries(opts.sample_entries)
     if not 4096 <= opts.chunk_size <= 64 * 1024 * 1024:
         raise UsageError("--chunk-size must be between 4KiB and 64MiB")
     if opts.partitions is not None and not 1 <= opts.partitions <= MAX_PARTITIONS:
         raise UsageError("--partitions must be between 1 and %d" % MAX_PARTITIONS)
+
+
+def _sample_entries(value: int | None) -> int:
+    """--sample-entries, checked; the default if not given."""
+    if value is None:
+        return DEFAULT_SAMPLE_ENTRIES
+    if value < 1:
+        raise UsageError("--sample-entries must be 1 or more")
+    return value
 
 
 def summary_table(manifest: dict[str, Any]) -> str:
@@ -533,7 +631,7 @@ def run_pack(opts: PackOptions) -> dict[str, Any]:
     try:
         manifest = Packer(opts).run()
     except PlanInfeasibleError as exc:
-        print(plan_table(plan_record(exc.plan)))
+        print(plan_table(sampled_plan_record(exc.plan, exc.sample)))
         raise
     if not opts.quiet:
         if manifest["plan"]:
@@ -549,12 +647,18 @@ def run_pack(opts: PackOptions) -> dict[str, Any]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """`fanfs plan SRC`: walk SRC as `fanfs pack` would, then print the plan."""
+    """`fanfs plan SRC`: sample SRC as `fanfs pack --codec auto` does (the whole tree when it
+    has at most --sample-entries entries), then print the plan."""
     settings = settings_from_args(args)
     chunk_size = parse_size(args.chunk_size)
-    files = walk_tree(args.src, skip_unreadable=args.skip_unreadable)
-    plan: Plan = make_plan(files, settings, chunk_size=chunk_size)
-    record = plan_record(plan)
+    sample = sample_tree(
+        args.src,
+        max_entries=_sample_entries(args.sample_entries),
+        seed=settings.seed,
+        skip_unreadable=args.skip_unreadable,
+    )
+    plan: Plan = make_plan(sample.files, sample_settings(settings, sample), chunk_size=chunk_size)
+    record = sampled_plan_record(plan, sample)
     print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
     if not plan.selection.feasible:
         raise UsageError(plan.selection.problem)

@@ -8,17 +8,23 @@ Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fanfs._sizes import format_size, parse_size
 from fanfs.errors import UsageError
 from fanfs.optimizer import (
     DEFAULT_CODECS,
+    Plan,
     PlanSettings,
     ReadModel,
     parse_candidates,
+    plan_record,
 )
+
+if TYPE_CHECKING:
+    from fanfs.walk import TreeSample
 
 _RATE_RE: Final = re.compile(r"^\s*([0-9.]+)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
 
@@ -101,6 +107,67 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         seed=args.seed,
         candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
     )
+
+
+# --- a plan of a sampled tree ------------------------------------------------------------------
+
+# Fields of a plan record that grow with the tree: counted in files, or in bytes or seconds.
+_FILE_FIELDS: Final = ("files",)
+_BYTE_FIELDS: Final = ("bytes", "projected_bytes", "decode_s", "budget_s", "compress_s")
+
+
+def _scales(sample: TreeSample) -> tuple[float, float]:
+    """(files, bytes) of the tree per file and byte of the sample; 1 for a complete walk."""
+    if sample.complete or not sample.files:
+        return 1.0, 1.0
+    sample_bytes = sum(f.size for f in sample.files)
+    return sample.est_files / len(sample.files), sample.est_bytes / max(sample_bytes, 1)
+
+
+def sample_settings(settings: PlanSettings, sample: TreeSample) -> PlanSettings:
+    """The settings to plan the sample with: a capacity limit is for the whole tree, so the
+    sample gets its share of it (every other constraint is per file or a ratio)."""
+    _, per_byte = _scales(sample)
+    if settings.capacity_bytes is None or per_byte == 1.0:
+        return settings
+    return dataclasses.replace(settings, capacity_bytes=int(settings.capacity_bytes / per_byte))
+
+
+def sampled_plan_record(plan: Plan, sample: TreeSample) -> dict[str, Any]:
+    """`plan_record` with the sample's counts extrapolated to the whole tree (an estimate,
+    marked in `sample.walk`) when the walk was sampled; exactly `plan_record` otherwise."""
+    record = plan_record(plan)
+    if sample.complete:
+        return record
+    per_file, per_byte = _scales(sample)
+
+    def scale(obj: dict[str, Any]) -> None:
+        for key in _FILE_FIELDS:
+            if obj.get(key) is not None:
+                obj[key] = int(round(obj[key] * per_file))
+        for key in _BYTE_FIELDS:
+            if obj.get(key) is not None:
+                value = obj[key] * per_byte
+                obj[key] = value if key.endswith("_s") else int(round(value))
+
+    scale(record)
+    for row in record["classes"]:
+        scale(row)
+        for cand in row["candidates"]:
+            scale(cand)
+    if record["settings"]["capacity_bytes"] is not None:
+        record["settings"]["capacity_bytes"] = int(
+            round(record["settings"]["capacity_bytes"] * per_byte)
+        )
+    record["sample"]["walk"] = {
+        "entries_examined": sample.examined,
+        "directories_listed": sample.directories,
+        "files_sampled": len(sample.files),
+        "files_estimated": int(round(sample.est_files)),
+        "bytes_estimated": int(round(sample.est_bytes)),
+        "partial": sample.truncated,
+    }
+    return record
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -227,6 +294,20 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         "ratios and speeds measured on this host, one thread"
         % (smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"])
     )
+    walk = smp.get("walk")
+    if walk:
+        out.append(
+            "walk        sampled: %d files of an estimated %d (%s) from %d entries in %d "
+            "directories (--sample-entries); files, bytes and times above are extrapolated%s"
+            % (
+                walk["files_sampled"],
+                walk["files_estimated"],
+                format_size(walk["bytes_estimated"]),
+                walk["entries_examined"],
+                walk["directories_listed"],
+                "; part of the tree was not reached, so they are low" if walk["partial"] else "",
+            )
+        )
     return out
 
 

@@ -71,3 +71,37 @@ def generate(
             f.write(data)
         total += len(data)
     return total
+
+
+def generate_small(
+    root: str,
+    files: int,
+    *,
+    classes: int = 100,
+    min_size: int = 1024,
+    max_size: int = 4096,
+    seed: int = 0,
+) -> int:
+    """Many small files fast, ImageNet-shaped: `train/cNNNN/NNNNNNN.jpg` in `classes`
+    directories, sizes uniform in [min_size, max_size], half random bytes, half compressible
+    text (for scale tests and `tools/bench_pack.py`). Returns the total bytes written."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    words = b"tensor label image class batch epoch loss 0.125 "
+    text = (words * ((1 << 20) // len(words) + 1))[: 1 << 20]
+    sizes = rng.integers(min_size, max_size + 1, files).tolist()
+    offsets = rng.integers(0, (1 << 20) - max_size, files).tolist()
+    base = os.fsencode(root) + b"/train"
+    dirs = [b"%s/c%04d" % (base, c) for c in range(classes)]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    total = 0
+    for i, (size, off) in enumerate(zip(sizes, offsets, strict=True)):
+        data = (pool if i & 1 else text)[off : off + size]
+        fd = os.open(b"%s/%07d.jpg" % (dirs[i % classes], i), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        total += size
+    return total

@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 import zlib
+from collections.abc import Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -84,18 +85,22 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
         os.close(fd)
 
 
-def encode_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, list[dict[str, Any]]]:
-    """Lay out `columns` (in schema order) as one index file; return bytes and descriptors."""
-    parts: list[bytes] = []
-    descriptors: list[dict[str, Any]] = []
+def encode_columns(
+    columns: dict[str, np.ndarray],
+) -> Iterator[tuple[dict[str, Any], memoryview, bytes]]:
+    """Lay out `columns` (in schema order) as one index file: for each column in file order,
+    its descriptor, its bytes and the padding after them. One column converted at a time, so
+    the writer streams an index of millions of entries without a second copy of it."""
     offset = 0
     for name, dtype in (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN):
-        data = np.ascontiguousarray(columns[name], dtype=dtype).tobytes()
-        descriptors.append({"name": name, "dtype": dtype, "offset": offset, "length": len(data)})
+        data = np.ascontiguousarray(columns[name], dtype=dtype).data.cast("B")
         pad = -len(data) % COLUMN_ALIGN
-        parts.append(data + b"\0" * pad)
+        yield (
+            {"name": name, "dtype": dtype, "offset": offset, "length": len(data)},
+            data,
+            b"\0" * pad,
+        )
         offset += len(data) + pad
-    return b"".join(parts), descriptors
 
 
 class Index:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-import fanfs.pack
 from fanfs._sizes import format_size
 from fanfs.compression import parse_codec
 from fanfs.errors import PackInputError
-from fanfs.pack import PackOptions, _Node, _read_and_compress, _Walker, run_pack
+from fanfs.pack import PackOptions, read_chunk, run_pack
+from fanfs.walk import TreeWalk
 from tests.conftest import FANFS, lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
 from tests.treegen import label_text as _text
@@ -433,56 +433,55 @@ def test_out_parent_not_writable(as_nobody: tuple[Path, RunAs]) -> None:
 # --- files changing under the packer ----------------------------------------------------------
 
 
-def _node_for(path: Path, st: os.stat_result) -> _Node:
-    return _Node(os.fsencode(path), path.name.encode(), path.name.encode(), 0, st, False)
+def _read(path: Path, size: int, chunk_no: int, chunk_size: int = 4096) -> bytes:
+    """What a reader thread does for one chunk of a file walked with `size` bytes."""
+    offset = chunk_no * chunk_size
+    return read_chunk(
+        os.fsencode(path), path.name.encode(), size, offset, min(chunk_size, size - offset)
+    )
 
 
 @pytest.mark.parametrize(("before", "after"), [(100, 150), (100, 40), (5000, 0), (5000, 6000)])
 def test_file_changing_size_is_detected(tmp_path: Path, before: int, after: int) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(before))
-    node = _node_for(path, os.lstat(path))
     os.truncate(path, after)
     message = "file changed while being packed: f.bin (size was %d, now %d)" % (before, after)
     with pytest.raises(
         PackInputError, match="^%s$" % message.replace("(", r"\(").replace(")", r"\)")
     ):
-        _read_and_compress(node, 0, 4096, parse_codec("zstd:3"))
+        _read(path, before, 0)
 
 
 def test_file_growing_in_its_last_chunk_is_detected_in_every_chunk(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(10_000))
-    node = _node_for(path, os.lstat(path))
     with open(path, "ab") as f:
         f.write(b"more")
     for chunk_no in range(3):
         with pytest.raises(PackInputError, match=r"^file changed while being packed: f\.bin "):
-            _read_and_compress(node, chunk_no, 4096, parse_codec("zstd:3"))
+            _read(path, 10_000, chunk_no)
 
 
 def test_unchanged_file_reads_fine(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     data = _text(10_000, 1)
     path.write_bytes(data)
-    node = _node_for(path, os.lstat(path))
-    result = _read_and_compress(node, 2, 4096, parse_codec("none"))
-    assert not isinstance(result, OSError)
-    assert result[1] == data[8192:]
+    assert _read(path, 10_000, 2) == data[8192:]
 
 
 def test_file_changing_during_a_pack_fails_cleanly(
     src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    walk = _Walker.walk
+    walk = TreeWalk.walk
 
-    def walk_then_grow(self: _Walker) -> list[_Node]:
-        nodes = walk(self)
+    def walk_then_grow(self: TreeWalk) -> TreeWalk:
+        tree = walk(self)
         with open(src / "sub" / "r.bin", "ab") as f:
             f.write(b"appended")
-        return nodes
+        return tree
 
-    monkeypatch.setattr(fanfs.pack._Walker, "walk", walk_then_grow)
+    monkeypatch.setattr(TreeWalk, "walk", walk_then_grow)
     out = tmp_path / "out"
     opts = PackOptions(src=str(src), out=str(out), codec=parse_codec("zstd:3"), quiet=True, jobs=2)
     with pytest.raises(
