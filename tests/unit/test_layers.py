@@ -119,7 +119,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cluster.transport",
     ),
     # 2: commands on packs, and staging
-    ("optimizer", "plan", "pack", "verify", "sample", "cluster.staging"),
+    ("optimizer", "walk", "plan", "pack", "verify", "sample", "cluster.staging"),
     # 3: the read path below FUSE: chunks, caches, shared state, remote chunks
     ("shared", "cache", "store", "cluster.remote"),
     # 4: read-ahead above the store (the store never calls it), and its hints
