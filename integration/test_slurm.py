@@ -1,0 +1,586 @@
+"""The Slurm recipe of docs/cluster.md, run for real (issue 13): a slurmctld and two slurmd
+nodes on this machine, started and stopped by this module, and the batch script
+integration/slurm/fanfs-job.sh that users copy, submitted with sbatch.
+
+The cluster (integration/slurm/slurm.conf.in says why each setting): munged, slurmctld,
+and one slurmd per node, each node in its own UTS and mount namespace (`unshare`) with its
+own hostname, its own /etc/hosts and a private tmpfs as node-local disk at ROOT/local. So
+the recipe's MNT and CACHE are the same path on every node yet node-local, as on a real
+cluster; ROOT/shared plays the shared parallel filesystem. A node's mounts are seen in
+/proc/SLURMD_PID/mountinfo and its files through /proc/SLURMD_PID/root.
+
+What is checked:
+- a batch job mounts on every node (one cluster daemon per node, an MPI rank each), waits,
+  runs a reader step that compares every file's bytes with the source on every node, and
+  unmounts: the mounts of one step serve the next steps, and the job leaves no mount and
+  no process behind;
+- a job cancelled with scancel while it runs (after a second reader step, started from
+  outside the batch script with `srun --jobid --overlap`) leaves no mount and no process:
+  every daemon got SIGTERM from Slurm and unmounted.
+
+Outside CI the tests skip, with the reason, where Slurm is not installed or cannot start;
+under CI=true they fail instead. Teardown kills every process in the nodes' namespaces
+(the namespaces and their mounts then vanish), then slurmctld and munged, and removes ROOT,
+whether the tests passed or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fanfs.mountinfo import mounts_under
+from integration.conftest import mpi_unavailable
+from tests.conftest import run_fanfs
+from tests.treegen import make_dataset
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+HERE = Path(__file__).parent / "slurm"
+RECIPE = HERE / "fanfs-job.sh"
+READER = HERE / "read_check.py"
+NODES = ("node1", "node2")
+TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
+TOOLS += ("scontrol", "sinfo", "unshare", "fusermount3")
+START_DEADLINE_S = 60.0
+JOB_DEADLINE_S = 120.0
+GONE_DEADLINE_S = 20.0  # after a job ends: its step daemons and processes exit
+FILES = 240
+
+
+def slurm_unavailable() -> str | None:
+    """Why a Slurm test cluster cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (Slurm daemons, namespaces, mounts)"
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return (
+            "not on PATH: %s (tools/setup.sh installs slurmctld, slurmd, slurm-client, munge)"
+            % (", ".join(missing))
+        )
+    if not (Path(sys.executable).parent / "fanfs").exists():
+        return "no fanfs command next to %s (pip install -e .)" % sys.executable
+    return mpi_unavailable()
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason, but fail in CI: CI must run these tests."""
+    if os.environ.get("CI"):
+        pytest.fail("Slurm integration tests cannot run in CI: %s" % reason)
+    pytest.skip(reason)
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("0.0.0.0", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _mnt_ns(pid: int) -> str | None:
+    try:
+        return os.readlink("/proc/%d/ns/mnt" % pid)
+    except OSError:
+        return None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    return " ".join(_argv(pid))
+
+
+def _is_fanfs(argv: list[str]) -> bool:
+    """`fanfs ...` or `python -m fanfs ...`."""
+    pairs = itertools.pairwise(argv)
+    return any(os.path.basename(arg) == "fanfs" for arg in argv[:2]) or ("-m", "fanfs") in pairs
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return "(%s)" % exc
+
+
+class SlurmCluster:
+    """munged, slurmctld and one namespaced slurmd per node, all under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.conf = root / "etc" / "slurm.conf"
+        self.shared = root / "shared"
+        self.local = root / "local"  # a private tmpfs in each node's namespace
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.node_ns: dict[str, str] = {}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "PMIX_", "PMI_", "OMPI_"))
+        }
+        self.env["SLURM_CONF"] = str(self.conf)
+        # The job's steps run the venv's fanfs; sbatch passes this environment on.
+        self.env["PATH"] = "%s:%s" % (Path(sys.executable).parent, self.env.get("PATH", ""))
+
+    # -- start ---------------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        for sub in ("etc", "state", "log", "shared", "local"):
+            (self.root / sub).mkdir()
+        (self.root / "munge").mkdir(mode=0o700)
+        (self.root / "run").mkdir(mode=0o755)  # munged wants its socket's directory public
+        for node in NODES:
+            (self.root / "spool" / node).mkdir(parents=True)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        cpus = os.cpu_count() or 1
+        nodes = "\n".join(
+            "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.%d Port=%d CPUs=%d State=UNKNOWN"
+            % (node, node, i + 2, port, cpus)
+            for i, (node, port) in enumerate(zip(NODES, node_ports, strict=True))
+        )
+        template = string.Template((HERE / "slurm.conf.in").read_text())
+        self.conf.write_text(
+            template.substitute(
+                root=self.root,
+                ctld_host=socket.gethostname().split(".")[0],
+                ctld_port=ctld_port,
+                nodes=nodes,
+            )
+        )
+        hosts = ["127.0.0.1 localhost %s" % socket.gethostname()]
+        hosts += ["127.0.0.%d %s" % (i + 2, node) for i, node in enumerate(NODES)]
+        (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        with open(self.root / "log" / (name + ".out"), "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+
+    def _check_alive(self, what: str) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    "%s exited with %s while %s:\n%s"
+                    % (name, proc.returncode, what, self.diagnostics())
+                )
+
+    def _poll(
+        self, what: str, ready: Callable[[], bool], deadline_s: float = START_DEADLINE_S
+    ) -> None:
+        deadline, step = time.monotonic() + deadline_s, 0.05
+        while not ready():
+            self._check_alive(what)
+            if time.monotonic() > deadline:
+                raise RuntimeError("timed out %s:\n%s" % (what, self.diagnostics()))
+            time.sleep(step)
+            step = min(step * 2, 0.5)
+
+    def start(self) -> None:
+        self.write_config()
+        run, munge = self.root / "run", self.root / "munge"
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--key-file=%s" % (munge / "munge.key"),
+                "--socket=%s" % (run / "munge.socket"),
+                "--pid-file=%s" % (run / "munged.pid"),
+                "--seed-file=%s" % (munge / "munged.seed"),
+                "--log-file=%s" % (self.root / "log" / "munged.log"),
+            ],
+        )
+        self._poll("starting munged", lambda: (run / "munge.socket").exists())
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        for node in NODES:
+            # unshare execs (no fork for these namespaces): the Popen pid is the slurmd.
+            setup = (
+                'hostname "$1" && mount --bind "$2" /etc/hosts && '
+                'mount -t tmpfs -o size=2g,mode=0755 "fanfs-local-$1" "$3" && '
+                'exec slurmd -D -N "$1" -f "$4"'
+            )
+            self._spawn(
+                node,
+                [
+                    "unshare",
+                    "--uts",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    setup,
+                    "node-setup",
+                    node,
+                    str(self.root / "etc" / "hosts"),
+                    str(self.local),
+                    str(self.conf),
+                ],
+            )
+        self._poll("waiting for every node to be idle", self._all_idle)
+        for node in NODES:
+            ns = _mnt_ns(self.procs[node].pid)
+            assert ns is not None and ns != _mnt_ns(os.getpid()), node
+            self.node_ns[node] = ns
+
+    def _all_idle(self) -> bool:
+        out = self.slurm("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+        return all(states.get(node) == "idle" for node in NODES)
+
+    # -- use -----------------------------------------------------------------------------
+
+    def slurm(
+        self, *cmd: str | os.PathLike[str], check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command against this cluster."""
+        result = subprocess.run(
+            [str(c) for c in cmd],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            check=False,
+            cwd=self.shared,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(
+                "%s exited %d:\n%s%s"
+                % (" ".join(map(str, cmd)), result.returncode, result.stdout, result.stderr)
+            )
+        return result
+
+    def sbatch(self, *args: str | os.PathLike[str], env: dict[str, str]) -> str:
+        """Submit the recipe with `args` (sbatch options, then the command); the job id."""
+        before = dict(self.env)
+        self.env.update(env)
+        try:
+            out = self.slurm("sbatch", "--parsable", "-o", self.shared / "job-%j.out", *args).stdout
+        finally:
+            self.env = before
+        return out.strip().split(";")[0]
+
+    def job_fields(self, job: str) -> dict[str, str]:
+        out = self.slurm("scontrol", "-o", "show", "job", job, check=False).stdout
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+    def steps(self, job: str) -> list[str]:
+        """Names of the job's running steps."""
+        out = self.slurm("squeue", "-h", "-s", "-j", job, "-o", "%j", check=False).stdout
+        return out.split()
+
+    def wait_job_end(self, job: str, deadline_s: float = JOB_DEADLINE_S) -> dict[str, str]:
+        """The job's record once it has ended and every node has finished cleaning up."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            fields = self.job_fields(job)
+            state = fields.get("JobState", "")
+            if state not in ("", "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                return fields
+            self._check_alive("job %s ran" % job)
+            if time.monotonic() > deadline:
+                self.slurm("scancel", job, check=False)
+                pytest.fail(
+                    "job %s still %s after %.0fs:\n%s"
+                    % (job, state, deadline_s, self.diagnostics(job))
+                )
+            time.sleep(0.25)
+
+    # -- observe a node ------------------------------------------------------------------
+
+    def node_path(self, node: str, path: Path) -> Path:
+        """`path` as the node sees it (its private tmpfs and mounts included)."""
+        return Path("/proc/%d/root" % self.procs[node].pid) / path.relative_to("/")
+
+    def node_mounts(self, node: str, base: Path) -> list[str]:
+        table = "/proc/%d/mountinfo" % self.procs[node].pid
+        return ["%s %s" % (m.mountpoint, m.fstype) for m in mounts_under(str(base), table=table)]
+
+    def node_processes(self, node: str) -> list[str]:
+        """Every process in the node's namespace except its slurmd."""
+        slurmd = self.procs[node].pid
+        return [
+            "%d %s" % (pid, _cmdline(pid))
+            for pid in _pids()
+            if pid != slurmd and _mnt_ns(pid) == self.node_ns[node]
+        ]
+
+    def diagnostics(self, job: str | None = None) -> str:
+        parts = []
+        if job is not None:
+            parts += ["--- job %s output ---" % job, _tail(self.shared / ("job-%s.out" % job))]
+        for name in ("slurmctld", *NODES):
+            log = "slurmd-%s.log" % name if name in NODES else "slurmctld.log"
+            parts += ["--- %s ---" % log, _tail(self.root / "log" / log)]
+        for name in self.procs:
+            parts += ["--- %s.out ---" % name, _tail(self.root / "log" / (name + ".out"), 1000)]
+        return "\n".join(parts)
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Kill everything this cluster started; never raises. Idempotent."""
+        for node in NODES:
+            ns = self.node_ns.get(node)
+            proc = self.procs.get(node)
+            if ns is None and proc is not None:
+                ns = _mnt_ns(proc.pid)
+            if ns is None:
+                continue
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                victims = [pid for pid in _pids() if _mnt_ns(pid) == ns]
+                if not victims:
+                    break
+                for pid in victims:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(0.1)
+                time.sleep(0.05)
+        for name in ("slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+            # slurmctld's helper (slurmscriptd) shares its session: take the whole group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    reason = slurm_unavailable()
+    if reason is not None:
+        skip_or_fail(reason)
+    # Not under pytest's base temp: munged refuses a socket whose ancestors are not
+    # searchable by every user, and pytest-of-root is mode 0700.
+    root = Path(tempfile.mkdtemp(prefix="fanfs-slurm-"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root)
+    try:
+        try:
+            cluster.start()
+        except RuntimeError as exc:
+            skip_or_fail("the Slurm test cluster did not start: %s" % exc)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(slurm: SlurmCluster) -> dict[str, Path]:
+    """A pack on the 'shared filesystem', the sha256 of every source file, and the recipe's
+    PACK, MNT, CACHE (MNT and CACHE node-local)."""
+    src, pack = slurm.shared / "src", slurm.shared / "imagenet.fan"
+    make_dataset(src / "train", FILES, per_dir=80)
+    result = run_fanfs("pack", src, pack, "-q", "--partitions", "8", "--chunk-size", "65536")
+    assert result.returncode == 0, result.stderr
+    expected = {
+        str(path.relative_to(src)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(src.rglob("*"))
+        if path.is_file()
+    }
+    manifest = slurm.shared / "expected.json"
+    manifest.write_text(json.dumps(expected))
+    results = slurm.shared / "results"
+    results.mkdir()
+    return {
+        "pack": pack,
+        "mnt": slurm.local / "imagenet",
+        "cache": slurm.local / "fanfs-cache",
+        "expected": manifest,
+        "results": results,
+    }
+
+
+def recipe_env(data: dict[str, Path]) -> dict[str, str]:
+    return {"PACK": str(data["pack"]), "MNT": str(data["mnt"]), "CACHE": str(data["cache"])}
+
+
+def reader_command(data: dict[str, Path]) -> list[str]:
+    return [
+        sys.executable,
+        str(READER),
+        str(data["mnt"]),
+        str(data["expected"]),
+        str(data["results"]),
+    ]
+
+
+def check_reads(slurm: SlurmCluster, data: dict[str, Path], job: str) -> str:
+    """One step of `job` ran the reader on every node, and each read every file right, some
+    of them from the other node; returns that step's id."""
+    found = {}
+    for path in data["results"].glob("%s.*.json" % job):
+        result = json.loads(path.read_text())
+        found[(result["step"], result["host"])] = result
+    steps = {step for step, _ in found}
+    hosts = sorted(host for _, host in found)
+    assert len(steps) == 1 and hosts == sorted(NODES), "reader results %s:\n%s" % (
+        sorted(found),
+        slurm.diagnostics(job),
+    )
+    for result in found.values():
+        assert result["files"] == FILES, result
+        assert (result["wrong"], result["missing"], result["extra"]) == ([], [], []), result
+        stats = result["stats"]
+        assert stats["ranks"] == len(NODES), stats
+        # Each node holds only its share: the rest came from the other node over MPI.
+        assert stats["remote_fetches"] > 0, stats
+    ranks = sorted(result["stats"]["rank"] for result in found.values())
+    assert ranks == list(range(len(NODES)))
+    return steps.pop()
+
+
+def assert_nothing_left(slurm: SlurmCluster, data: dict[str, Path], job: str) -> None:
+    """No node has a mount under its local disk, no process of the job is left anywhere."""
+    deadline = time.monotonic() + GONE_DEADLINE_S
+    while True:
+        mounts = {node: slurm.node_mounts(node, slurm.local) for node in NODES}
+        procs = {node: slurm.node_processes(node) for node in NODES}
+        fanfs = [
+            "%d %s" % (pid, _cmdline(pid))
+            for pid in _pids()
+            if _is_fanfs(_argv(pid)) and str(slurm.root) in _cmdline(pid)
+        ]
+        # Only the nodes' own tmpfs may remain mounted there.
+        mounts = {node: [m for m in found if "fuse" in m] for node, found in mounts.items()}
+        if not any(mounts.values()) and not any(procs.values()) and not fanfs:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(
+                "job %s left mounts %s, processes %s, fanfs processes %s:\n%s"
+                % (job, mounts, procs, fanfs, slurm.diagnostics(job))
+            )
+        time.sleep(0.25)
+    # This test process's own namespace never saw the nodes' mounts.
+    assert [m for m in mounts_under(str(slurm.root)) if "fuse" in m.fstype] == []
+
+
+def node_log(slurm: SlurmCluster, data: dict[str, Path], node: str) -> str:
+    return slurm.node_path(node, data["cache"] / "fanfs.log").read_text(errors="replace")
+
+
+def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """sbatch fanfs-job.sh: the mount step serves the wait step and the reader step on every
+    node, the unmount step ends it cleanly, and the job ends COMPLETED with nothing left."""
+    job = slurm.sbatch(
+        "--nodes=%d" % len(NODES),
+        "--time=3",
+        RECIPE,
+        *reader_command(dataset),
+        env=recipe_env(dataset),
+    )
+    fields = slurm.wait_job_end(job)
+    output = _tail(slurm.shared / ("job-%s.out" % job))
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), slurm.diagnostics(job)
+    # Steps: 0 mkdir, 1 the mounts, 2 fanfs wait, 3 the reader, 4 fanfs umount.
+    assert check_reads(slurm, dataset, job) == "3"
+    assert output.count("read_check on") == len(NODES), output
+    assert_nothing_left(slurm, dataset, job)
+    for node in NODES:
+        log = node_log(slurm, dataset, node)
+        assert "unmounted %s" % dataset["mnt"] in log, log[-3000:]
+        assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+        # Stopped by the unmount step, not by a signal.
+        assert "received SIGTERM" not in log, log[-3000:]
+
+
+def test_scancel_leaves_no_mount_and_no_process(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """A job whose user step never ends: a second reader step started from outside reads the
+    mount step's mounts; scancel then ends everything and each daemon unmounts on SIGTERM."""
+    job = slurm.sbatch(
+        "--nodes=%d" % len(NODES),
+        "--time=3",
+        RECIPE,
+        "sleep",
+        "600",
+        env=recipe_env(dataset),
+    )
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while "sleep" not in slurm.steps(job):  # fanfs wait has passed on every node
+        fields = slurm.job_fields(job)
+        if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail("job %s ended early: %s\n%s" % (job, fields, slurm.diagnostics(job)))
+        if time.monotonic() > deadline:
+            slurm.slurm("scancel", job, check=False)
+            pytest.fail("job %s never reached its sleep step:\n%s" % (job, slurm.diagnostics(job)))
+        time.sleep(0.25)
+    for node in NODES:
+        assert slurm.node_mounts(node, dataset["mnt"]) == ["%s fuse.fanfs" % dataset["mnt"]]
+    reader = slurm.slurm(
+        "srun",
+        "--jobid",
+        job,
+        "--overlap",
+        "--nodes=%d" % len(NODES),
+        "--ntasks-per-node=1",
+        *reader_command(dataset),
+        timeout=JOB_DEADLINE_S,
+    )
+    assert reader.stdout.count("read_check on") == len(NODES), reader.stdout
+    # The steps before it: 0 mkdir, 1 the mounts, 2 fanfs wait, 3 sleep.
+    assert check_reads(slurm, dataset, job) == "4"
+
+    slurm.slurm("scancel", job)
+    fields = slurm.wait_job_end(job)
+    assert fields["JobState"] == "CANCELLED", fields
+    assert_nothing_left(slurm, dataset, job)
+    for node in NODES:
+        log = node_log(slurm, dataset, node).split("received SIGTERM, unmounting")
+        # This job's daemon was told by Slurm and unmounted before any SIGKILL.
+        assert len(log) >= 2, "no SIGTERM logged on %s" % node
+        assert "unmounted %s" % dataset["mnt"] in log[-1], log[-1][-3000:]
