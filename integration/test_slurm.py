@@ -235,7 +235,7 @@ class SlurmCluster:
         for node in NODES:
             # unshare execs (no fork for these namespaces): the Popen pid is the slurmd.
             setup = (
-                'hostname "$1" && mount --bind "$2" /etc/hosts && '
+                'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && '
                 'mount -t tmpfs -o size=2g,mode=0755 "fanfs-local-$1" "$3" && '
                 'exec slurmd -D -N "$1" -f "$4"'
             )
