@@ -56,11 +56,12 @@ RECIPE = HERE / "fanfs-job.sh"
 READER = HERE / "read_check.py"
 NODES = ("node1", "node2")
 TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
-TOOLS += ("scontrol", "sinfo", "unshare", "fusermount3")
+TOOLS += ("scontrol", "sinfo", "unshare", "nsenter", "fusermount3")
 START_DEADLINE_S = 60.0
 JOB_DEADLINE_S = 120.0
 GONE_DEADLINE_S = 20.0  # after a job ends: its step daemons and processes exit
 FILES = 240
+FANFS_CMD = (sys.executable, "-m", "fanfs")
 
 
 def slurm_unavailable() -> str | None:
@@ -168,8 +169,8 @@ class SlurmCluster:
         ctld_port, *node_ports = _free_ports(1 + len(NODES))
         cpus = os.cpu_count() or 1
         nodes = "\n".join(
-            "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.%d Port=%d CPUs=%d State=UNKNOWN"
-            % (node, node, i + 2, port, cpus)
+            "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.%d Port=%d CPUs=%d RealMemory=1024"
+            " State=UNKNOWN" % (node, node, i + 2, port, cpus)
             for i, (node, port) in enumerate(zip(NODES, node_ports, strict=True))
         )
         template = string.Template((HERE / "slurm.conf.in").read_text())
@@ -525,8 +526,7 @@ def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
     fields = slurm.wait_job_end(job)
     output = _tail(slurm.shared / ("job-%s.out" % job))
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), slurm.diagnostics(job)
-    # Steps: 0 mkdir, 1 the mounts, 2 fanfs wait, 3 the reader, 4 fanfs umount.
-    assert check_reads(slurm, dataset, job) == "3"
+    check_reads(slurm, dataset, job)
     assert output.count("read_check on") == len(NODES), output
     assert_nothing_left(slurm, dataset, job)
     for node in NODES:
@@ -572,8 +572,7 @@ def test_scancel_leaves_no_mount_and_no_process(
         timeout=JOB_DEADLINE_S,
     )
     assert reader.stdout.count("read_check on") == len(NODES), reader.stdout
-    # The steps before it: 0 mkdir, 1 the mounts, 2 fanfs wait, 3 sleep.
-    assert check_reads(slurm, dataset, job) == "4"
+    check_reads(slurm, dataset, job)
 
     slurm.slurm("scancel", job)
     fields = slurm.wait_job_end(job)
@@ -584,3 +583,68 @@ def test_scancel_leaves_no_mount_and_no_process(
         # This job's daemon was told by Slurm and unmounted before any SIGKILL.
         assert len(log) >= 2, "no SIGTERM logged on %s" % node
         assert "unmounted %s" % dataset["mnt"] in log[-1], log[-1][-3000:]
+
+
+def test_mounts_that_cannot_start_end_the_job_at_once(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """A pack that is not there: every daemon exits with the same one-line error, the recipe
+    sees its mount step gone and ends the job (not after fanfs wait's 30 minutes)."""
+    env = recipe_env(dataset)
+    env["PACK"] = str(slurm.shared / "no-such.fan")
+    started = time.monotonic()
+    job = slurm.sbatch("--nodes=%d" % len(NODES), "--time=3", RECIPE, "true", env=env)
+    fields = slurm.wait_job_end(job)
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "1:0"), slurm.diagnostics(job)
+    assert time.monotonic() - started < 60
+    output = _tail(slurm.shared / ("job-%s.out" % job))
+    assert "fanfs-job: the mounts did not come up" in output, output
+    assert_nothing_left(slurm, dataset, job)
+
+
+def test_a_daemon_started_by_a_short_step_is_not_the_jobs(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """Why the recipe keeps its mount step running: `srun fanfs mount` as a step of its own
+    (single-node mode, which daemonizes) returns once mounted and its step ends. Under
+    proctrack/cgroup Slurm then kills the daemon with the step, leaving a dead mount; under
+    proctrack/linuxproc (this cluster) the daemon has left the step's process tree, so
+    Slurm no longer tracks it: it outlives even scancel, mounted, on a node the job left."""
+    job = slurm.sbatch(
+        "--nodes=1", "--nodelist=%s" % NODES[0], "--time=3", "--wrap", "sleep 600", env={}
+    )
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while slurm.job_fields(job).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, slurm.diagnostics(job)
+        time.sleep(0.25)
+    mnt = slurm.local / "short-step"
+    step = ("srun", "--jobid", job, "--overlap", "--nodes=1", "--ntasks=1")
+    slurm.slurm(*step, "mkdir", "-p", mnt)
+    node = NODES[0]
+    try:
+        slurm.slurm(
+            *step,
+            "fanfs",
+            "mount",
+            dataset["pack"],
+            mnt,
+            "--cache-dir",
+            slurm.local / "short-cache",
+        )
+        # The step has ended; the daemon is still serving.
+        assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
+        listing = slurm.slurm(*step, "ls", mnt / "train").stdout.split()
+        assert len(listing) == FILES // 80, listing
+        slurm.slurm("scancel", job)
+        assert slurm.wait_job_end(job)["JobState"] == "CANCELLED"
+        time.sleep(1.0)  # what Slurm would kill is killed by now (KillWait is for holdouts)
+        assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
+        assert any(_is_fanfs(p.split()[1:]) for p in slurm.node_processes(node))
+    finally:
+        subprocess.run(
+            ["nsenter", "-t", str(slurm.procs[node].pid), "-m", *FANFS_CMD, "umount", str(mnt)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert_nothing_left(slurm, dataset, job)
