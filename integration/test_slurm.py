@@ -27,6 +27,7 @@ whether the tests passed or not.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
@@ -338,6 +339,15 @@ class SlurmCluster:
         table = "/proc/%d/mountinfo" % self.procs[node].pid
         return ["%s %s" % (m.mountpoint, m.fstype) for m in mounts_under(str(base), table=table)]
 
+    def on_node(self, node: str, *cmd: str | os.PathLike[str]) -> None:
+        """Run `cmd` in the node's mount namespace, as a site's epilog would (cleanup)."""
+        subprocess.run(
+            ["nsenter", "-t", str(self.procs[node].pid), "-m", *map(str, cmd)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
     def node_processes(self, node: str) -> list[str]:
         """Every process in the node's namespace except its slurmd."""
         slurmd = self.procs[node].pid
@@ -507,8 +517,18 @@ def assert_nothing_left(slurm: SlurmCluster, data: dict[str, Path], job: str) ->
     assert [m for m in mounts_under(str(slurm.root)) if "fuse" in m.fstype] == []
 
 
-def node_log(slurm: SlurmCluster, data: dict[str, Path], node: str) -> str:
-    return slurm.node_path(node, data["cache"] / "fanfs.log").read_text(errors="replace")
+def node_log(slurm: SlurmCluster, data: dict[str, Path], node: str, since: int = 0) -> str:
+    """The node's fanfs log (it lives on across jobs in the node's cache dir), from `since`."""
+    path = slurm.node_path(node, data["cache"] / "fanfs.log")
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(since)
+        return f.read().decode(errors="replace")
+
+
+def log_sizes(slurm: SlurmCluster, data: dict[str, Path]) -> dict[str, int]:
+    return {node: len(node_log(slurm, data, node).encode()) for node in NODES}
 
 
 def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
@@ -516,6 +536,7 @@ def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
 ) -> None:
     """sbatch fanfs-job.sh: the mount step serves the wait step and the reader step on every
     node, the unmount step ends it cleanly, and the job ends COMPLETED with nothing left."""
+    since = log_sizes(slurm, dataset)
     job = slurm.sbatch(
         "--nodes=%d" % len(NODES),
         "--time=3",
@@ -530,7 +551,7 @@ def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
     assert output.count("read_check on") == len(NODES), output
     assert_nothing_left(slurm, dataset, job)
     for node in NODES:
-        log = node_log(slurm, dataset, node)
+        log = node_log(slurm, dataset, node, since[node])
         assert "unmounted %s" % dataset["mnt"] in log, log[-3000:]
         assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
         # Stopped by the unmount step, not by a signal.
@@ -542,6 +563,7 @@ def test_scancel_leaves_no_mount_and_no_process(
 ) -> None:
     """A job whose user step never ends: a second reader step started from outside reads the
     mount step's mounts; scancel then ends everything and each daemon unmounts on SIGTERM."""
+    since = log_sizes(slurm, dataset)
     job = slurm.sbatch(
         "--nodes=%d" % len(NODES),
         "--time=3",
@@ -579,10 +601,11 @@ def test_scancel_leaves_no_mount_and_no_process(
     assert fields["JobState"] == "CANCELLED", fields
     assert_nothing_left(slurm, dataset, job)
     for node in NODES:
-        log = node_log(slurm, dataset, node).split("received SIGTERM, unmounting")
+        log = node_log(slurm, dataset, node, since[node])
         # This job's daemon was told by Slurm and unmounted before any SIGKILL.
-        assert len(log) >= 2, "no SIGTERM logged on %s" % node
-        assert "unmounted %s" % dataset["mnt"] in log[-1], log[-1][-3000:]
+        assert log.count("received SIGTERM, unmounting") == 1, log[-3000:]
+        after = log.split("received SIGTERM, unmounting")[1]
+        assert "unmounted %s" % dataset["mnt"] in after, log[-3000:]
 
 
 def test_mounts_that_cannot_start_end_the_job_at_once(
@@ -637,14 +660,53 @@ def test_a_daemon_started_by_a_short_step_is_not_the_jobs(
         assert len(listing) == FILES // 80, listing
         slurm.slurm("scancel", job)
         assert slurm.wait_job_end(job)["JobState"] == "CANCELLED"
-        time.sleep(1.0)  # what Slurm would kill is killed by now (KillWait is for holdouts)
+        # Slurm is done with the job on the node once only the escaped daemon is left there.
+        deadline = time.monotonic() + GONE_DEADLINE_S
+        while True:
+            left = slurm.node_processes(node)
+            daemons = [p for p in left if _is_fanfs(p.split()[1:])]
+            if daemons and len(daemons) == len(left):
+                break
+            assert daemons and time.monotonic() < deadline, left
+            time.sleep(0.25)
         assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
-        assert any(_is_fanfs(p.split()[1:]) for p in slurm.node_processes(node))
+        os.statvfs(slurm.node_path(node, mnt))  # alive and serving
     finally:
-        subprocess.run(
-            ["nsenter", "-t", str(slurm.procs[node].pid), "-m", *FANFS_CMD, "umount", str(mnt)],
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        slurm.on_node(node, *FANFS_CMD, "umount", mnt)
+    assert_nothing_left(slurm, dataset, job)
+
+
+OLD_RECIPE = """#!/bin/bash
+srun --ntasks-per-node=1 mkdir -p "$MNT"
+srun --overlap --mpi=pmix --ntasks-per-node=1 fanfs mount "$PACK" "$MNT" --cache-dir "$CACHE" &
+MOUNTS=$!
+srun --overlap --ntasks-per-node=1 fanfs wait "$MNT" --timeout 60
+kill -TERM $MOUNTS; wait $MOUNTS
+"""
+
+
+def test_sigterm_to_srun_kills_the_daemons_and_leaves_dead_mounts(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """Why the recipe ends with an unmount step: the stop this page used to give, SIGTERM to
+    the mount step's srun, makes srun kill its tasks with SIGKILL (Slurm 22.05). No daemon
+    unmounts; every node keeps a dead mount (ENOTCONN) until someone detaches it."""
+    script = slurm.shared / "old-recipe.sh"
+    script.write_text(OLD_RECIPE)
+    since = log_sizes(slurm, dataset)
+    mnt = dataset["mnt"]
+    job = slurm.sbatch("--nodes=%d" % len(NODES), "--time=3", script, env=recipe_env(dataset))
+    try:
+        slurm.wait_job_end(job)
+        assert "forcing job termination" in _tail(slurm.shared / ("job-%s.out" % job))
+        for node in NODES:
+            assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt], node
+            with pytest.raises(OSError) as dead:
+                os.statvfs(slurm.node_path(node, mnt))
+            assert dead.value.errno == errno.ENOTCONN, dead.value
+            log = node_log(slurm, dataset, node, since[node])
+            assert "mounted %s" % dataset["pack"] in log and "unmounted" not in log, log[-3000:]
+    finally:
+        for node in NODES:
+            slurm.on_node(node, *FANFS_CMD, "umount", "--lazy", mnt)
     assert_nothing_left(slurm, dataset, job)
