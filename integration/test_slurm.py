@@ -9,14 +9,19 @@ the recipe's MNT and CACHE are the same path on every node yet node-local, as on
 cluster; ROOT/shared plays the shared parallel filesystem. A node's mounts are seen in
 /proc/SLURMD_PID/mountinfo and its files through /proc/SLURMD_PID/root.
 
-What is checked:
+What is checked (docs/cluster.md, "Slurm", gives the why of each):
 - a batch job mounts on every node (one cluster daemon per node, an MPI rank each), waits,
   runs a reader step that compares every file's bytes with the source on every node, and
   unmounts: the mounts of one step serve the next steps, and the job leaves no mount and
   no process behind;
 - a job cancelled with scancel while it runs (after a second reader step, started from
   outside the batch script with `srun --jobid --overlap`) leaves no mount and no process:
-  every daemon got SIGTERM from Slurm and unmounted.
+  every daemon got SIGTERM from Slurm and unmounted;
+- a pack that cannot be mounted ends the job at once;
+- what the recipe avoids: a daemonizing `srun fanfs mount` step, whose daemon escapes the
+  job (proctrack/linuxproc), and SIGTERM to the mount step's srun, which SIGKILLs the
+  daemons and leaves dead mounts;
+- docs/cluster.md shows the recipe unchanged.
 
 Outside CI the tests skip, with the reason, where Slurm is not installed or cannot start;
 under CI=true they fail instead. Teardown kills every process in the nodes' namespaces
@@ -710,3 +715,9 @@ def test_sigterm_to_srun_kills_the_daemons_and_leaves_dead_mounts(
         for node in NODES:
             slurm.on_node(node, *FANFS_CMD, "umount", "--lazy", mnt)
     assert_nothing_left(slurm, dataset, job)
+
+
+def test_docs_show_the_tested_recipe() -> None:
+    """docs/cluster.md shows fanfs-job.sh byte for byte: what users copy is what runs here."""
+    docs = (Path(__file__).parent.parent / "docs" / "cluster.md").read_text()
+    assert "```sh\n%s```\n" % RECIPE.read_text() in docs
