@@ -373,6 +373,25 @@ class SlurmCluster:
             parts += ["--- %s.out ---" % name, _tail(self.root / "log" / (name + ".out"), 1000)]
         return "\n".join(parts)
 
+    def reset(self) -> None:
+        """Between tests: cancel every job, then detach any mount and end any process a
+        failed test left on a node, so the next test starts on idle, clean nodes."""
+        self.slurm("scancel", "--user=root", check=False)
+        deadline = time.monotonic() + START_DEADLINE_S
+        while self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        for node in NODES:
+            for mount in reversed(self.node_mounts(node, self.local)):
+                mountpoint, fstype = mount.rsplit(" ", 1)
+                if fstype.startswith("fuse"):
+                    self.on_node(node, "fusermount3", "-u", "-z", mountpoint)
+            for line in self.node_processes(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line.split()[0]), signal.SIGKILL)
+        self._poll("waiting for every node to be idle again", self._all_idle)
+
     # -- stop ----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -456,6 +475,18 @@ def dataset(slurm: SlurmCluster) -> dict[str, Path]:
         "expected": manifest,
         "results": results,
     }
+
+
+@pytest.fixture(autouse=True)
+def _clean_nodes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each cluster test, pass or fail: no job, mount or stray process left."""
+    yield
+    if "slurm" in request.fixturenames:
+        cluster: SlurmCluster = request.getfixturevalue("slurm")
+        try:
+            cluster.reset()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
 
 
 def recipe_env(data: dict[str, Path]) -> dict[str, str]:
