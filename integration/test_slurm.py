@@ -52,7 +52,7 @@ import pytest
 
 from fanfs.mountinfo import mounts_under
 from integration.conftest import mpi_unavailable
-from tests.conftest import run_fanfs
+from tests.conftest import Mount, run_fanfs
 from tests.treegen import make_dataset
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -62,7 +62,7 @@ RECIPE = HERE / "fanfs-job.sh"
 READER = HERE / "read_check.py"
 NODES = ("node1", "node2")
 TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
-TOOLS += ("scontrol", "sinfo", "unshare", "nsenter", "fusermount3")
+TOOLS += ("scontrol", "sinfo", "unshare", "nsenter", "setpriv", "fusermount3")
 START_DEADLINE_S = 60.0
 JOB_DEADLINE_S = 120.0
 GONE_DEADLINE_S = 20.0  # after a job ends: its step daemons and processes exit
@@ -193,9 +193,11 @@ class SlurmCluster:
         (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
+        """Start a daemon in the foreground, in its own session. It gets SIGKILL should this
+        test process die before its teardown (`setpriv --pdeathsig`, kept across the execs)."""
         with open(self.root / "log" / (name + ".out"), "wb") as out:
             self.procs[name] = subprocess.Popen(
-                cmd,
+                ["setpriv", "--pdeathsig", "KILL", "--", *cmd],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -240,12 +242,8 @@ class SlurmCluster:
         self._poll("starting munged", lambda: (run / "munge.socket").exists())
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for node in NODES:
-            # unshare execs (no fork for these namespaces): the Popen pid is the slurmd.
-            setup = (
-                'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && '
-                'mount -t tmpfs -o size=2g,mode=0755 "fanfs-local-$1" "$3" && '
-                'exec slurmd -D -N "$1" -f "$4"'
-            )
+            # unshare and node.py exec (no fork for these namespaces): the Popen pid is the
+            # node's slurmd.
             self._spawn(
                 node,
                 [
@@ -253,12 +251,10 @@ class SlurmCluster:
                     "--uts",
                     "--mount",
                     "--propagation",
-                    "private",
+                    "slave",
                     "--",
-                    "sh",
-                    "-c",
-                    setup,
-                    "node-setup",
+                    sys.executable,
+                    str(HERE / "node.py"),
                     node,
                     str(self.root / "etc" / "hosts"),
                     str(self.local),
@@ -431,7 +427,19 @@ class SlurmCluster:
 
 
 @pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmCluster]:
+def mount_before_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """A single-node fanfs mount on the host, made before the cluster starts: each node's
+    namespace then starts with a copy of it (integration/slurm/node.py)."""
+    base = tmp_path_factory.mktemp("before-cluster")
+    make_dataset(base / "src", 20)
+    result = run_fanfs("pack", base / "src", base / "pack", "-q")
+    assert result.returncode == 0, result.stderr
+    with Mount(base / "pack", base / "mnt") as mount:
+        yield mount
+
+
+@pytest.fixture(scope="module")
+def slurm(mount_before_cluster: Mount) -> Iterator[SlurmCluster]:
     reason = slurm_unavailable()
     if reason is not None:
         skip_or_fail(reason)
@@ -565,6 +573,17 @@ def node_log(slurm: SlurmCluster, data: dict[str, Path], node: str, since: int =
 
 def log_sizes(slurm: SlurmCluster, data: dict[str, Path]) -> dict[str, int]:
     return {node: len(node_log(slurm, data, node).encode()) for node in NODES}
+
+
+def test_a_mount_made_before_the_cluster_still_unmounts(
+    slurm: SlurmCluster, mount_before_cluster: Mount
+) -> None:
+    """The nodes do not hold on to FUSE mounts of the host: unmounting one made before the
+    cluster started still ends its daemon (with a copy left in a node's namespace, the
+    daemon would never see its connection end)."""
+    for node in NODES:
+        assert slurm.node_mounts(node, mount_before_cluster.mnt) == [], node
+    mount_before_cluster.unmount()  # fanfs umount; the daemon exits 0 within 10 s
 
 
 def test_batch_recipe_mounts_reads_across_steps_and_unmounts(
