@@ -7,9 +7,12 @@ and one slurmd per node, each node in its own UTS and mount namespace (`unshare`
 own hostname, its own /etc/hosts and a private tmpfs as node-local disk at ROOT/local. So
 the recipe's MNT and CACHE are the same path on every node yet node-local, as on a real
 cluster; ROOT/shared plays the shared parallel filesystem. A node's mounts are seen in
-/proc/SLURMD_PID/mountinfo and its files through /proc/SLURMD_PID/root.
+/proc/SLURMD_PID/mountinfo and its files through /proc/SLURMD_PID/root. Each node's first
+process is integration/slurm/node.py, which also lets go of the node's copies of the
+host's FUSE mounts (see there) before it execs slurmd.
 
 What is checked (docs/cluster.md, "Slurm", gives the why of each):
+- a FUSE mount made on the host before the cluster started still unmounts cleanly;
 - a batch job mounts on every node (one cluster daemon per node, an MPI rank each), waits,
   runs a reader step that compares every file's bytes with the source on every node, and
   unmounts: the mounts of one step serve the next steps, and the job leaves no mount and
