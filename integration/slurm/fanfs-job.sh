@@ -17,9 +17,9 @@ srun --ntasks-per-node=1 mkdir -p "$MNT" || exit 1
 
 # The mount step: one fanfs daemon per node, each an MPI rank (--mpi=pmix), in the
 # foreground until it is unmounted. It runs in the background of this script, so it lasts
-# as long as the job: a step's processes die when the step ends, so a mount started by a
-# short step would not survive into the next one. --no-kill: one failed node does not end
-# the step, the other daemons keep serving.
+# as long as the job: a daemon started by a short step dies when that step ends (or, where
+# Slurm tracks processes by their tree, escapes the job and outlives it). --no-kill: one
+# failed node does not end the step, the other daemons keep serving.
 srun --overlap --no-kill --mpi=pmix --ntasks-per-node=1 \
     fanfs mount "$PACK" "$MNT" --cache-dir "$CACHE" &
 MOUNTS=$!
