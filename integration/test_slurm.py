@@ -21,9 +21,11 @@ What is checked (docs/cluster.md, "Slurm", gives the why of each):
   outside the batch script with `srun --jobid --overlap`) leaves no mount and no process:
   every daemon got SIGTERM from Slurm and unmounted;
 - a pack that cannot be mounted ends the job at once;
+- a script that ends without unmounting leaves nothing either (Slurm's SIGTERM);
 - what the recipe avoids: a daemonizing `srun fanfs mount` step, whose daemon escapes the
-  job (proctrack/linuxproc), and SIGTERM to the mount step's srun, which SIGKILLs the
-  daemons and leaves dead mounts;
+  job (proctrack/linuxproc); a step without --overlap beside a running one (it cannot
+  start); SIGTERM to the mount step's srun, which SIGKILLs the daemons and leaves dead
+  mounts;
 - docs/cluster.md shows the recipe unchanged.
 
 Outside CI the tests skip, with the reason, where Slurm is not installed or cannot start;
@@ -734,6 +736,38 @@ def test_a_daemon_started_by_a_short_step_is_not_the_jobs(
     assert_nothing_left(slurm, dataset, job)
 
 
+def test_steps_share_a_node_only_with_overlap(slurm: SlurmCluster) -> None:
+    """Why every step of the recipe says --overlap: a running step that did not holds its
+    job's memory on the node (memory is scheduled here), and a second step without
+    --overlap cannot start beside it; with --overlap it can."""
+    job = slurm.sbatch("--nodes=1", "--time=3", "--wrap", "sleep 600", env={})
+    step = ("srun", "--jobid", job, "--nodes=1", "--ntasks=1")
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while slurm.job_fields(job).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, slurm.diagnostics(job)
+        time.sleep(0.25)
+    with open(slurm.shared / "holder.out", "wb") as out:
+        holder = subprocess.Popen(
+            [*step, "sleep", "600"], stdout=out, stderr=subprocess.STDOUT, env=slurm.env
+        )
+    try:
+        while "sleep" not in slurm.steps(job):
+            assert holder.poll() is None and time.monotonic() < deadline, slurm.diagnostics(job)
+            time.sleep(0.25)
+        busy = slurm.slurm(*step, "--immediate=2", "true", check=False)
+        assert busy.returncode != 0 and "Requested nodes are busy" in busy.stderr, busy.stderr
+        slurm.slurm(*step, "--overlap", "--immediate=2", "true")
+    finally:
+        slurm.slurm("scancel", job, check=False)
+        holder.wait(JOB_DEADLINE_S)
+
+
+NO_UNMOUNT_RECIPE = """#!/bin/bash
+srun --ntasks-per-node=1 mkdir -p "$MNT"
+srun --overlap --mpi=pmix --ntasks-per-node=1 fanfs mount "$PACK" "$MNT" --cache-dir "$CACHE" &
+srun --overlap --ntasks-per-node=1 fanfs wait "$MNT" --timeout 60
+"""
+
 OLD_RECIPE = """#!/bin/bash
 srun --ntasks-per-node=1 mkdir -p "$MNT"
 srun --overlap --mpi=pmix --ntasks-per-node=1 fanfs mount "$PACK" "$MNT" --cache-dir "$CACHE" &
@@ -741,6 +775,23 @@ MOUNTS=$!
 srun --overlap --ntasks-per-node=1 fanfs wait "$MNT" --timeout 60
 kill -TERM $MOUNTS; wait $MOUNTS
 """
+
+
+def test_a_script_that_ends_without_unmounting_leaves_nothing(
+    slurm: SlurmCluster, dataset: dict[str, Path]
+) -> None:
+    """A batch script that exits (or dies) while its mount step still runs: Slurm ends the
+    job's steps with SIGTERM, and every daemon unmounts."""
+    script = slurm.shared / "no-unmount.sh"
+    script.write_text(NO_UNMOUNT_RECIPE)
+    since = log_sizes(slurm, dataset)
+    job = slurm.sbatch("--nodes=%d" % len(NODES), "--time=3", script, env=recipe_env(dataset))
+    assert slurm.wait_job_end(job)["JobState"] == "COMPLETED", slurm.diagnostics(job)
+    assert_nothing_left(slurm, dataset, job)
+    for node in NODES:
+        log = node_log(slurm, dataset, node, since[node])
+        assert log.count("received SIGTERM, unmounting") == 1, log[-3000:]
+        assert "unmounted %s" % dataset["mnt"] in log.split("received SIGTERM")[1], log[-3000:]
 
 
 def test_sigterm_to_srun_kills_the_daemons_and_leaves_dead_mounts(

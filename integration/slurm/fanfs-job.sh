@@ -24,9 +24,9 @@ srun --overlap --no-kill --mpi=pmix --ntasks-per-node=1 \
     fanfs mount "$PACK" "$MNT" --cache-dir "$CACHE" &
 MOUNTS=$!
 
-# Every later step shares the nodes with the mount step: --overlap (Slurm >= 20.11). Without
-# it a step waits for the CPUs and memory the mount step holds (all the job's memory by
-# default, where memory is scheduled).
+# Every step that runs beside another says --overlap (Slurm >= 20.11): a step without it
+# holds its CPUs and, where memory is scheduled, all the job's memory on its nodes, and a
+# second step without it waits for them.
 unmount() {
     # Not `kill $MOUNTS`: srun answers SIGTERM by killing its tasks with SIGKILL, which
     # leaves every node a dead mount ("Transport endpoint is not connected").
