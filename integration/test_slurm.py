@@ -72,6 +72,7 @@ START_DEADLINE_S = 60.0
 JOB_DEADLINE_S = 120.0
 GONE_DEADLINE_S = 20.0  # after a job ends: its step daemons and processes exit
 FILES = 240
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 FANFS_CMD = (sys.executable, "-m", "fanfs")
 
 
@@ -88,6 +89,15 @@ def slurm_unavailable() -> str | None:
     if not (Path(sys.executable).parent / "fanfs").exists():
         return "no fanfs command next to %s (pip install -e .)" % sys.executable
     return mpi_unavailable()
+
+
+def choose_proctrack() -> str:
+    """proctrack/cgroup where cgroup v1's freezer is mounted (the test machines), else
+    proctrack/linuxproc; FANFS_SLURM_PROCTRACK=cgroup|linuxproc chooses by hand."""
+    chosen = os.environ.get("FANFS_SLURM_PROCTRACK")
+    if chosen is None:
+        chosen = "cgroup" if (CGROUP_ROOT / "freezer" / "tasks").exists() else "linuxproc"
+    return "proctrack/" + chosen
 
 
 def skip_or_fail(reason: str) -> None:
@@ -155,6 +165,7 @@ class SlurmCluster:
         self.shared = root / "shared"
         self.local = root / "local"  # a private tmpfs in each node's namespace
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.proctrack = choose_proctrack()
         self.node_ns: dict[str, str] = {}
         self.env = {
             k: v
@@ -191,7 +202,12 @@ class SlurmCluster:
                 ctld_host=socket.gethostname().split(".")[0],
                 ctld_port=ctld_port,
                 nodes=nodes,
+                proctrack=self.proctrack,
             )
+        )
+        # Slurm reads cgroup.conf from slurm.conf's directory.
+        (self.root / "etc" / "cgroup.conf").write_text(
+            "CgroupPlugin=cgroup/v1\nCgroupMountpoint=%s\nCgroupAutomount=no\n" % CGROUP_ROOT
         )
         hosts = ["127.0.0.1 localhost %s" % socket.gethostname()]
         hosts += ["127.0.0.%d %s" % (i + 2, node) for i, node in enumerate(NODES)]
@@ -416,6 +432,14 @@ class SlurmCluster:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(0.1)
                 time.sleep(0.05)
+        if self.proctrack == "proctrack/cgroup":
+            # The nodes' (now empty) cgroups: slurmstepd removes a step's own when it ends,
+            # but not what a killed slurmd leaves. rmdir never removes a cgroup in use.
+            for node in NODES:
+                top = CGROUP_ROOT / "freezer" / ("slurm_" + node)
+                for dirpath, _, _ in sorted(os.walk(top), reverse=True):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)
         for name in ("slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None:
@@ -689,10 +713,11 @@ def test_a_daemon_started_by_a_short_step_is_not_the_jobs(
     slurm: SlurmCluster, dataset: dict[str, Path]
 ) -> None:
     """Why the recipe keeps its mount step running: `srun fanfs mount` as a step of its own
-    (single-node mode, which daemonizes) returns once mounted and its step ends. Under
-    proctrack/cgroup Slurm then kills the daemon with the step, leaving a dead mount; under
-    proctrack/linuxproc (this cluster) the daemon has left the step's process tree, so
-    Slurm no longer tracks it: it outlives even scancel, mounted, on a node the job left."""
+    (single-node mode, which daemonizes) returns once mounted, and its step ends. Under
+    proctrack/cgroup Slurm then kills the daemon with the step, and the next step finds a
+    dead mount ("Transport endpoint is not connected"). Under proctrack/linuxproc the daemon
+    has left the step's process tree, so Slurm loses track of it: it outlives even scancel,
+    mounted, on a node the job has left."""
     job = slurm.sbatch(
         "--nodes=1", "--nodelist=%s" % NODES[0], "--time=3", "--wrap", "sleep 600", env={}
     )
@@ -704,35 +729,37 @@ def test_a_daemon_started_by_a_short_step_is_not_the_jobs(
     step = ("srun", "--jobid", job, "--overlap", "--nodes=1", "--ntasks=1")
     slurm.slurm(*step, "mkdir", "-p", mnt)
     node = NODES[0]
+
+    def daemons() -> list[str]:
+        return [p for p in slurm.node_processes(node) if _is_fanfs(p.split()[1:])]
+
     try:
-        slurm.slurm(
-            *step,
-            "fanfs",
-            "mount",
-            dataset["pack"],
-            mnt,
-            "--cache-dir",
-            slurm.local / "short-cache",
-        )
-        # The step has ended; the daemon is still serving.
-        assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
-        listing = slurm.slurm(*step, "ls", mnt / "train").stdout.split()
-        assert len(listing) == FILES // 80, listing
-        slurm.slurm("scancel", job)
-        assert slurm.wait_job_end(job)["JobState"] == "CANCELLED"
-        # Slurm is done with the job on the node once only the escaped daemon is left there.
+        cache = slurm.local / "short-cache"
+        slurm.slurm(*step, "fanfs", "mount", dataset["pack"], mnt, "--cache-dir", cache)
         deadline = time.monotonic() + GONE_DEADLINE_S
-        while True:
-            left = slurm.node_processes(node)
-            daemons = [p for p in left if _is_fanfs(p.split()[1:])]
-            if daemons and len(daemons) == len(left):
-                break
-            assert daemons and time.monotonic() < deadline, left
-            time.sleep(0.25)
-        assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
-        os.statvfs(slurm.node_path(node, mnt))  # alive and serving
+        if slurm.proctrack == "proctrack/cgroup":
+            while daemons():  # killed with its step
+                assert time.monotonic() < deadline, daemons()
+                time.sleep(0.1)
+            ls = slurm.slurm(*step, "ls", mnt, check=False)
+            assert "Transport endpoint is not connected" in ls.stderr, ls.stderr
+            assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
+            slurm.slurm("scancel", job)
+            assert slurm.wait_job_end(job)["JobState"] == "CANCELLED"
+        else:
+            # The step has ended; the daemon is still serving.
+            listing = slurm.slurm(*step, "ls", mnt / "train").stdout.split()
+            assert len(listing) == FILES // 80, listing
+            slurm.slurm("scancel", job)
+            assert slurm.wait_job_end(job)["JobState"] == "CANCELLED"
+            # Slurm is done with the job on the node once only the daemon is left there.
+            while (left := slurm.node_processes(node)) != daemons():
+                assert daemons() and time.monotonic() < deadline, left
+                time.sleep(0.25)
+            assert slurm.node_mounts(node, mnt) == ["%s fuse.fanfs" % mnt]
+            os.statvfs(slurm.node_path(node, mnt))  # alive and serving
     finally:
-        slurm.on_node(node, *FANFS_CMD, "umount", mnt)
+        slurm.on_node(node, *FANFS_CMD, "umount", mnt)  # live or dead alike
     assert_nothing_left(slurm, dataset, job)
 
 
