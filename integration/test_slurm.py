@@ -2,8 +2,9 @@
 nodes on this machine, started and stopped by this module, and the batch script
 integration/slurm/fanfs-job.sh that users copy, submitted with sbatch.
 
-The cluster (integration/slurm/slurm.conf.in says why each setting): munged, slurmctld,
-and one slurmd per node, each node in its own UTS and mount namespace (`unshare`) with its
+The cluster (integration/slurm/slurm.conf.in says why each setting): munged, slurmctld
+(proctrack/cgroup where the host has cgroup v1's freezer, else or with
+FANFS_SLURM_PROCTRACK=linuxproc proctrack/linuxproc), and one slurmd per node, each node in its own UTS and mount namespace (`unshare`) with its
 own hostname, its own /etc/hosts and a private tmpfs as node-local disk at ROOT/local. So
 the recipe's MNT and CACHE are the same path on every node yet node-local, as on a real
 cluster; ROOT/shared plays the shared parallel filesystem. A node's mounts are seen in
@@ -22,8 +23,9 @@ What is checked (docs/cluster.md, "Slurm", gives the why of each):
   every daemon got SIGTERM from Slurm and unmounted;
 - a pack that cannot be mounted ends the job at once;
 - a script that ends without unmounting leaves nothing either (Slurm's SIGTERM);
-- what the recipe avoids: a daemonizing `srun fanfs mount` step, whose daemon escapes the
-  job (proctrack/linuxproc); a step without --overlap beside a running one (it cannot
+- what the recipe avoids: a daemonizing `srun fanfs mount` step, whose daemon dies with its
+  step (proctrack/cgroup: the next step gets ENOTCONN) or escapes the job
+  (proctrack/linuxproc); a step without --overlap beside a running one (it cannot
   start); SIGTERM to the mount step's srun, which SIGKILLs the daemons and leaves dead
   mounts;
 - docs/cluster.md shows the recipe unchanged.
