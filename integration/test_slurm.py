@@ -3,14 +3,14 @@ nodes on this machine, started and stopped by this module, and the batch script
 integration/slurm/fanfs-job.sh that users copy, submitted with sbatch.
 
 The cluster (integration/slurm/slurm.conf.in says why each setting): munged, slurmctld
-(proctrack/cgroup where the host has cgroup v1's freezer, else or with
-FANFS_SLURM_PROCTRACK=linuxproc proctrack/linuxproc), and one slurmd per node, each node in its own UTS and mount namespace (`unshare`) with its
-own hostname, its own /etc/hosts and a private tmpfs as node-local disk at ROOT/local. So
-the recipe's MNT and CACHE are the same path on every node yet node-local, as on a real
-cluster; ROOT/shared plays the shared parallel filesystem. A node's mounts are seen in
-/proc/SLURMD_PID/mountinfo and its files through /proc/SLURMD_PID/root. Each node's first
-process is integration/slurm/node.py, which also lets go of the node's copies of the
-host's FUSE mounts (see there) before it execs slurmd.
+(proctrack/cgroup where the host has cgroup v1's freezer; proctrack/linuxproc elsewhere,
+or with FANFS_SLURM_PROCTRACK=linuxproc), and one slurmd per node, each node in its own UTS
+and mount namespace (`unshare`) with its own hostname, its own /etc/hosts and a private
+tmpfs as node-local disk at ROOT/local. So the recipe's MNT and CACHE are the same path on
+every node yet node-local, as on a real cluster; ROOT/shared plays the shared parallel
+filesystem. A node's mounts are seen in /proc/SLURMD_PID/mountinfo and its files through
+/proc/SLURMD_PID/root. Each node's first process is integration/slurm/node.py, which also
+lets go of the node's copies of the host's FUSE mounts (see there) before it execs slurmd.
 
 What is checked (docs/cluster.md, "Slurm", gives the why of each):
 - a FUSE mount made on the host before the cluster started still unmounts cleanly;
