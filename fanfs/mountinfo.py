@@ -33,9 +33,11 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounts() -> list[MountEntry]:
+def mounts(table: str = "/proc/self/mountinfo") -> list[MountEntry]:
+    """Every mount in `table`: this process's mount namespace, or another process's
+    (`/proc/PID/mountinfo`)."""
     entries = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+    with open(table, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
@@ -45,12 +47,14 @@ def mounts() -> list[MountEntry]:
     return entries
 
 
-def mounts_under(base: str, *, source: str | None = None) -> list[MountEntry]:
+def mounts_under(
+    base: str, *, source: str | None = None, table: str = "/proc/self/mountinfo"
+) -> list[MountEntry]:
     """Mounts at or under the directory `base` (from `source` only, if given), in order."""
     prefix = os.path.abspath(base).rstrip("/") + "/"
     return [
         entry
-        for entry in mounts()
+        for entry in mounts(table)
         if (entry.mountpoint + "/").startswith(prefix)
         and (source is None or entry.source == source)
     ]

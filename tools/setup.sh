@@ -3,7 +3,9 @@
 #
 #   bash tools/setup.sh            # as root on a bare machine; safe to re-run
 #
-# 1. Debian packages (fuse3, libfuse3-dev, Open MPI, squashfuse, ...), installed only if missing.
+# 1. Debian packages (fuse3, libfuse3-dev, Open MPI, squashfuse, Slurm and munge for
+#    integration/test_slurm.py, ...), installed only if missing. Installing them starts no
+#    daemon that the tests use: the Slurm tests run their own munged, slurmctld and slurmd.
 # 2. A virtual environment at REPO/.venv (created if absent, never upgraded needlessly).
 # 3. pyfuse3 3.5.0 built from its pinned sdist with tools/pyfuse3/fanfs.patch (version
 #    3.5.0+fanfs.N for patch level N; see tools/pyfuse3/README.md). Skipped when the venv's
@@ -31,7 +33,8 @@ PYFUSE3_BUILD_PINS=(Cython==3.2.4 setuptools==80.9.0 setuptools_scm==8.3.1 wheel
 MPI4PY_VERSION=4.1.2
 
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config openmpi-bin libopenmpi-dev
-              squashfuse squashfs-tools erofs-utils psmisc patch)
+              squashfuse squashfs-tools erofs-utils psmisc patch
+              slurmctld slurmd slurm-client munge)
 
 export DEBIAN_FRONTEND=noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK=1
