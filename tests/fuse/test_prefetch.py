@@ -288,13 +288,14 @@ def test_read_joins_the_prefetch_in_flight(
     preload: str, tmp_path: Path, mount_factory: Callable[..., Mount]
 ) -> None:
     """A READ for a chunk the prefetcher is decoding waits for that decode (docs/architecture.md
-    section 9), whether the pack is preloaded or not. A hint starts the prefetch of a 256 KiB
-    lzma chunk that takes about 8 ms to decode; the READ is sent as soon as `fanfs stats`
+    section 9), whether the pack is preloaded or not. A hint starts the prefetch of a 1 MiB
+    lzma chunk (one READ) that takes about 30 ms to decode (a 256 KiB one, 8 ms, was
+    sometimes done before the READ arrived on a loaded machine); the READ is sent as soon as `fanfs stats`
     shows the prefetch issued."""
-    data = random.Random(9).randbytes(2 * CS).hex().encode()  # compresses to about half
+    data = random.Random(9).randbytes(8 * CS).hex().encode()  # compresses to about half
     src = write_tree(tmp_path / "src", {"a.txt": data})
     pack = tmp_path / "pack.fan"
-    result = run_fanfs("pack", src, pack, "-q", "--codec", "lzma", "--chunk-size", str(4 * CS))
+    result = run_fanfs("pack", src, pack, "-q", "--codec", "lzma", "--chunk-size", str(16 * CS))
     assert result.returncode == 0, result.stderr
     mount = mount_factory(pack, *EXACT, "--preload", preload)
     (mount.mnt / "a.txt").stat()  # looked up already: the READ is the only request needed
