@@ -12,6 +12,7 @@ integration tests and the benchmarks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -267,6 +268,25 @@ def open_reader(path: str | os.PathLike[str]) -> PackReader:
     reader = PackReader(str(path))
     _READERS.append(reader)
     return reader
+
+
+@pytest.fixture(autouse=True)
+def _restore_fanfs_logging() -> Iterator[None]:
+    """A test that runs a command in-process (`fanfs.cli.main`) configures the `fanfs`
+    logger for a command: its own stderr handler, no propagation, DEBUG disabled. Undo that,
+    so that the next test's caplog sees each record once, whatever ran before it."""
+    logger = logging.getLogger("fanfs")
+    saved = (list(logger.handlers), logger.propagate, logger.level, logging.root.manager.disable)
+    yield
+    handlers, propagate, level, disabled = saved
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+    for handler in handlers:
+        if handler not in logger.handlers:
+            logger.addHandler(handler)
+    logger.propagate, logger.level = propagate, level
+    logging.disable(disabled)
 
 
 @pytest.fixture(autouse=True)
