@@ -115,8 +115,8 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
         # It stops serving its partitions to the other ranks now, but MPI lets its process
         # exit only with the job (MPI_Finalize waits for every rank).
         return (
-            "%s unmounted; its cluster daemon (rank %d%s) exits when the job ends (stop the job "
-            "with SIGTERM to mpirun or srun: docs/cluster.md)"
+            "%s unmounted; its cluster daemon (rank %d%s) exits when the job ends (SIGTERM to "
+            "mpirun; under Slurm, scancel or the job's end: docs/cluster.md)"
             % (mountpoint, rank, ", pid %d" % pid if pid else "")
         )
     if pid is not None and not lazy:

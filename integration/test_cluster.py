@@ -668,7 +668,7 @@ def test_fanfs_umount_of_each_rank_ends_the_job(mpi_jobs: StartJob, tree: Tree) 
         assert result.returncode == 0, result.stderr
         assert result.stderr == (
             "fanfs umount: %s unmounted; its cluster daemon (rank %d, pid %d) exits when the job "
-            "ends (stop the job with SIGTERM to mpirun or srun: docs/cluster.md)\n"
+            "ends (SIGTERM to mpirun; under Slurm, scancel or the job's end: docs/cluster.md)\n"
             % (job.mnt[rank], rank, pids[rank])
         )
         assert fanfs_test_mounts(job.mnt[rank]) == []
