@@ -8,6 +8,7 @@ Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.p
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from typing import Any, Final
 
@@ -97,7 +98,13 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         if capacity is not None
         else None,
         sample_bytes=parse_size(args.sample_bytes),
-        time_budget_s=_number(args.time_budget, "--time-budget", positive=True),
+        time_budget_s=(
+            _number(args.time_budget, "--time-budget", positive=True)
+            if args.time_budget is not None
+            else None
+        ),
+        plan_share=parse_percent(args.plan_share),
+        jobs=getattr(args, "jobs", 0) or os.cpu_count() or 1,
         seed=args.seed,
         candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
     )
@@ -227,6 +234,19 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         "ratios and speeds measured on this host, one thread"
         % (smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"])
     )
+    if smp.get("predicted_pack_s") is not None:
+        out.append(
+            "plan cost   %.1f s of measurement (CPU) after the zstd:3 pass (%.1f s), within a "
+            "budget of %.1f s: %g%% of the %.1f s the pack is predicted to take on %d jobs"
+            % (
+                smp["measure_s"],
+                smp["reference_s"],
+                s["time_budget_s"],
+                100 * s["plan_share"],
+                smp["predicted_pack_s"],
+                s["jobs"],
+            )
+        )
     return out
 
 

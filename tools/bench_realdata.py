@@ -24,6 +24,7 @@ Systems:
 - auto-prefetch: `--codec auto --mode prefetch --target-rate 2000` (decode hidden on idle cores)
 - auto-capacity: `--codec auto --mode prefetch --target-rate 500`, the capacity-leaning plan:
   a loader consuming 500 files/s leaves the cores time for slow, dense codecs
+- auto-capacity-60s: the same with `--time-budget 60` (what more profiling buys)
 - squashfs-zstd, squashfs-xz: `mksquashfs -comp zstd|xz` (defaults: zstd level 15, 128 KiB blocks)
 - tar-zstd: `tar c | zstd -3 -T0` (a solid archive: no random access)
 
@@ -99,6 +100,7 @@ SYSTEMS = (
     "auto-sync",
     "auto-prefetch",
     "auto-capacity",
+    "auto-capacity-60s",
     "squashfs-zstd",
     "squashfs-xz",
     "tar-zstd",
@@ -107,6 +109,17 @@ AUTO_ARGS = {
     "auto-sync": ["--codec", "auto"],
     "auto-prefetch": ["--codec", "auto", "--mode", "prefetch", "--target-rate", "2000"],
     "auto-capacity": ["--codec", "auto", "--mode", "prefetch", "--target-rate", "500"],
+    # the same with 60 s of profiling instead of the default share of the pack time
+    "auto-capacity-60s": [
+        "--codec",
+        "auto",
+        "--mode",
+        "prefetch",
+        "--target-rate",
+        "500",
+        "--time-budget",
+        "60",
+    ],
 }
 
 

@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from fanfs.compression import (
@@ -46,6 +46,9 @@ DICT_SIZES: Final = (64 * 1024, 256 * 1024, 1024 * 1024)
 # 0.1 s for 4 MiB here with fixed parameters). A nominal figure, so that a plan with injected
 # measurements stays exactly reproducible.
 DICT_TRAIN_S_PER_BYTE: Final = 25e-9
+# A floor on a candidate's measuring cost per byte before its pilot (CPU seconds per byte
+# per unit of `cost_rank`): zstd:19 (rank 11) about 0.3 s per MiB, brotli:11 0.5 s per MiB.
+NOMINAL_S_PER_BYTE: Final = 25e-9
 # First pass over every (class, candidate): the first units of the class's sample (a random
 # order), then the time budget decides how much more of the sample each pair sees.
 PILOT_BYTES: Final = 128 * 1024
@@ -64,7 +67,7 @@ DECODE_PASSES: Final = 3
 # JSON decoded 2.5-6.5x slower in the mount than in a hot loop (docs/benchmarks.md). So up to
 # COLD_UNITS coded units, spread over the sample, are also decoded one at a time after
 # evicting the caches, and the hot time is scaled by their cold/hot ratio.
-COLD_UNITS: Final = 64
+COLD_UNITS: Final = 16
 
 
 def _cache_bytes() -> int:
@@ -262,12 +265,26 @@ def class_shares(sizes: Sequence[int], seconds: float) -> list[float]:
     return [floor + (rest * s / total if total else rest / len(sizes)) for s in sizes]
 
 
+@dataclass(slots=True)
+class PlanCost:
+    """What profiling was allowed and what it spent (CPU seconds, as the budget counts them);
+    `predicted_pack_s` when the budget is a share of the predicted pack time."""
+
+    budget_s: float | None
+    measure_s: float = 0.0  # after the reference pass: what the budget bounds
+    reference_s: float = 0.0  # the reference pass
+    predicted_pack_s: float | None = None
+    # every (class, candidate) measurement so far: a later `profile` call resumes from them
+    totals: dict[tuple[str, Candidate], Measurement] = field(default_factory=dict)
+
+
 def profile(
     classes: list[ClassSample],
     candidates: Sequence[Candidate],
     *,
-    time_budget_s: float,
+    time_budget_s: float | Callable[[float], float],
     measure_fn: MeasureFn = measure,
+    spent_out: PlanCost | None = None,
 ) -> list[ClassProfile]:
     """Measure every candidate on every class's sample and project it to the whole class.
 
@@ -282,22 +299,34 @@ def profile(
        reference's on the same units (`_project`), so a slow candidate's small prefix is
        not compared with the reference's whole sample.
 
-    Time is counted with the measurements' own numbers (and a nominal cost for dictionary
-    training), so injected measurements make plans exactly reproducible.
+    The reference pass is the plan's floor: `time_budget_s` bounds what is measured after
+    it. Time is counted with the measurements' own numbers (and a nominal cost for dictionary
+    training), so injected measurements make plans exactly reproducible. `time_budget_s` may
+    be a function of the reference's compress seconds projected onto every class (what a
+    pack would spend compressing): it is called once the reference is measured. `spent_out`, if
+    given, receives the budget and the seconds spent; its measurements and
+    seconds from an earlier call are resumed from and count against the budget.
     """
     ref = reference_of(candidates)
+    known = spent_out.totals if spent_out is not None else {}
     totals: dict[tuple[str, Candidate], Measurement] = {}
-    spent = 0.0
+    ref_spent = 0.0
+    ref_compress_s = 0.0
     if ref is not None:
         for cls in classes:
             if cls.units:
-                m = measure_fn(cls.name, ref, cls.measure_units, None)
+                m = known.get((cls.name, ref)) or measure_fn(cls.name, ref, cls.measure_units, None)
+                if (cls.name, ref) not in known:
+                    ref_spent += _cost(m)
                 totals[(cls.name, ref)] = m
-                spent += _cost(m)
-    shares = class_shares([c.total_bytes for c in classes], max(time_budget_s - spent, 0.0))
+                ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
+    budget = time_budget_s(ref_compress_s) if callable(time_budget_s) else time_budget_s
+    before = spent_out.measure_s if spent_out is not None else 0.0
+    spent = 0.0
+    shares = class_shares([c.total_bytes for c in classes], max(budget - before, 0.0))
     seen: dict[Candidate, list[float]] = {}  # cost per raw byte of earlier pilots
     for cls, share in zip(classes, shares, strict=True):
-        class_spent = _train_dictionary(cls, candidates, measure_fn)
+        class_spent = _train_dictionary(cls, candidates, measure_fn, share) if share > 0 else 0.0
         pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
         for cand in sorted(candidates, key=lambda c: (cost_rank(c), str(c))):
             if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
@@ -308,9 +337,16 @@ def profile(
             pilot = units[: _prefix(units, 0, PILOT_BYTES)]
             if not pilot:
                 continue
+            if (cls.name, cand) in known:  # measured by an earlier call: resume from it
+                pairs.append((cand, units, known[(cls.name, cand)]))
+                continue
             rates = seen.get(cand)
-            guess = sorted(rates)[len(rates) // 2] * sum(len(u) for u in pilot) if rates else 0.0
-            if class_spent + guess > share and (pairs or ref is not None):
+            rate = sorted(rates)[len(rates) // 2] if rates else 0.0
+            # Until a class has shown its cost, a nominal one (a codec that only probes an
+            # incompressible class costs next to nothing, and would mislead the next class).
+            rate = max(rate, cost_rank(cand) * NOMINAL_S_PER_BYTE)
+            guess = rate * sum(len(u) for u in pilot)
+            if (pairs or ref is not None) and (share <= 0 or class_spent + guess > share):
                 # Its pilot would take more than this class has left: costlier candidates
                 # are not measured on this class.
                 log.debug("%s: %s not profiled (time budget)", cls.name, cand)
@@ -319,8 +355,17 @@ def profile(
             seen.setdefault(cand, []).append(_cost(m) / max(m.raw_bytes, 1))
             class_spent += _cost(m)
             pairs.append((cand, units, m))
-        for cand, m in _extend(cls, pairs, share - class_spent, measure_fn):
+        extended = _extend(cls, pairs, share - class_spent, measure_fn)
+        for cand, m in extended:
             totals[(cls.name, cand)] = m
+        spent += class_spent + sum(
+            _cost(m) - _cost(p) for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
+        )
+    if spent_out is not None:
+        spent_out.budget_s = budget
+        spent_out.measure_s += spent
+        spent_out.reference_s += ref_spent
+        spent_out.totals = totals
     return [_project(cls, candidates, totals, ref) for cls in classes]
 
 
@@ -366,7 +411,7 @@ def _cost(m: Measurement) -> float:
 
 
 def _train_dictionary(
-    cls: ClassSample, candidates: Sequence[Candidate], measure_fn: MeasureFn
+    cls: ClassSample, candidates: Sequence[Candidate], measure_fn: MeasureFn, share: float
 ) -> float:
     """Train the class's dictionary, its size chosen by measurement; returns the seconds it
     counts against the time budget.
@@ -392,6 +437,8 @@ def _train_dictionary(
     spent = 0.0
     best: tuple[float, bytes] | None = None
     for size in sizes:
+        if best is not None and spent > share / 2:
+            break  # the class's share of the budget: keep the sizes measured so far
         spent += train_bytes * DICT_TRAIN_S_PER_BYTE
         dictionary = train_dictionary(train, size)
         if dictionary is None or not test_bytes:
@@ -435,7 +482,8 @@ def _paired(cand: Candidate, m: Measurement, ref_m: Measurement | None) -> tuple
     if len(ref_units) < n:
         return math.nan, True
     ref_sum = sum(ref_units[:n])
-    if ref_sum <= 0:
+    if ref_sum <= 0 or ref_sum >= m.raw_bytes:
+        # The reference stored these units raw: nothing to compare a codec with on them.
         return math.nan, True
     diffs = [c - r for c, r in zip(m.unit_stored, ref_units[:n], strict=True)]
     mean = sum(diffs) / n

@@ -26,6 +26,9 @@ DICT_MAX_OBJECT_BYTES: Final = 32 * 1024
 # Reading it costs a few hundred files per MiB; what the measurements cost is bounded by the
 # time budget, not by the sample.
 DICT_SAMPLE_BYTES: Final = 8 * 1024 * 1024
+# ... and at most this many files: reading a file costs its latency (0.1-0.2 ms here),
+# which the plan's time budget counts.
+DICT_SAMPLE_UNITS: Final = 2048
 
 
 @dataclass(slots=True)
@@ -165,8 +168,11 @@ def sample_classes(
         rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
         got = 0
         for f, k, length in _pick_units(members[cls.name], chunk_size, read, rng):
-            if read > want and got >= want and cls.measured < 0:
-                cls.measured = len(cls.units)
+            if read > want and got >= want:
+                if cls.measured < 0:
+                    cls.measured = len(cls.units)
+                if len(cls.units) >= DICT_SAMPLE_UNITS:
+                    break
             got += length
             data, seconds = reader(f.path, k * chunk_size, length)
             if len(data) != length:

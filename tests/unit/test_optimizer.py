@@ -10,6 +10,7 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -461,9 +462,10 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     from fanfs.pack import walk_tree
 
+    kw.setdefault("time_budget_s", 60.0)
     settings = PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw
-    )
+    )  # type: ignore[arg-type]
     plan = make_plan(walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=_fake_measure)
     record = plan_record(plan)
     del record["sample"]["seconds"]  # wall time of the run
@@ -700,3 +702,21 @@ def test_a_faster_larger_candidate_stays_an_option() -> None:
     assert not by["lz4"].loses
     zstd_s = by["zstd:3"].decode_s
     assert str(select([prof], Objective("sync", zstd_s / 2)).choices[0].candidate) == "lz4"
+
+
+def test_profiling_takes_its_share_of_the_predicted_pack_time(tree: Path) -> None:
+    # Without --time-budget the budget is plan_share of the predicted pack time (every file
+    # read by the read model, the reference's compress time over the jobs), less the sample
+    # reading; what profiling spends stays within it (a pilot's misestimate aside).
+    record: dict[str, Any] = _plan(tree, seed=1, time_budget_s=None, plan_share=0.25, jobs=2)
+    settings, sample = record["settings"], record["sample"]
+    assert settings["plan_share"] == 0.25 and settings["jobs"] == 2
+    predicted = sample["predicted_pack_s"]
+    assert predicted > 0
+    assert settings["time_budget_s"] <= 0.25 * predicted + 1e-3
+    if settings["time_budget_s"] == 0:  # the sample reading used it all: the reference only
+        for row in record["classes"]:
+            assert {c["codec"] for c in row["candidates"]} <= {"none", "zstd:3"}
+    bigger: dict[str, Any] = _plan(tree, seed=1, time_budget_s=None, plan_share=1.0, jobs=2)
+    assert bigger["settings"]["time_budget_s"] > settings["time_budget_s"]
+    assert _plan(tree, seed=1, time_budget_s=None, plan_share=0.25, jobs=2) == record
