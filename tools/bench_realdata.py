@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/bench_realdata.py [--cache /var/tmp/fanfs-realdata] [--quick]
         [--systems default,auto-sync,auto-prefetch,auto-capacity,squashfs-zstd,squashfs-xz,tar-zstd]
-        [--per-class] [--keep]
+        [--per-class auto-sync,auto-capacity] [--keep]
 
 The dataset: package archives fetched with `apt-get download` (Debian) and `pip download`
 (PyPI wheels), cached under `--cache`/archives, unpacked into `--cache`/tree-full (or
@@ -14,7 +14,7 @@ many small text files (Python, Go and Perl sources, HTML docs, botocore's JSON m
 ISO codes, word lists). The full set is about 1 GB, 60 k files; `--quick` about 150 MB.
 
 Prints one markdown table (pack, ratio, size, time), the per-class ratios of each fanfs pack
-(realised, from the pack itself), and with `--per-class` each coded class's decode through
+(realised, from the pack itself), and with `--per-class PACKS` each coded class's decode through
 the mount against the plan's prediction: one reader, each class read twice on a fresh mount
 with the page cache dropped per file, READ service time over the raw (`--codec none`) pack's.
 
@@ -405,7 +405,12 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path("/var/tmp/fanfs-realdata"))
     ap.add_argument("--quick", action="store_true", help="a ~150 MB subset")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--per-class", action="store_true", help="decode through the mount per class")
+    ap.add_argument(
+        "--per-class",
+        default="",
+        metavar="SYSTEMS",
+        help="auto packs (e.g. auto-sync,auto-capacity) to measure per class through the mount",
+    )
     ap.add_argument("--passes", type=int, default=1, help="mounts per class with --per-class")
     ap.add_argument("--keep", action="store_true", help="keep the packs")
     args = ap.parse_args()
@@ -459,11 +464,13 @@ def main() -> int:
                 "| %s | %d | %s | %s |"
                 % (row["class"], row["files"], _mb(row["bytes"]), " | ".join(cells))
             )
-    if args.per_class and auto:
+    checked = [n for n in args.per_class.split(",") if n in auto]
+    if checked:
         log("raw pack for the per-class decode")
         results["none"] = run_system("none", tree, work)
-        packs = {n: Path(results[n]["path"]) for n in auto}
-        for n in auto:
+        packs = {n: Path(results[n]["path"]) for n in checked}
+        for n in checked:
+            log("per-class decode through the mount: %s", n)
             plan = results[n]["inspect"]["plan"]
             got = decode_through_mount(
                 {n: packs[n]}, Path(results["none"]["path"]), tree, plan, work, args.passes
