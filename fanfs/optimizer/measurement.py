@@ -328,8 +328,8 @@ def profile(
     # class of PNGs (5% saved) buys little, on a class of sources (75% saved) a lot.
     weights = []
     for cls in classes:
-        m = totals.get((cls.name, ref)) if ref is not None else None
-        saved = 1.0 - m.stored_bytes / m.raw_bytes if m is not None and m.raw_bytes else 1.0
+        rm = totals.get((cls.name, ref)) if ref is not None else None
+        saved = 1.0 - rm.stored_bytes / rm.raw_bytes if rm is not None and rm.raw_bytes else 1.0
         weights.append(int(cls.total_bytes * saved))
     shares = class_shares(weights, max(budget - before, 0.0))
     seen: dict[Candidate, list[float]] = {}  # cost per raw byte of earlier pilots
