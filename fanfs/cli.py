@@ -63,8 +63,8 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_cmd_pack)
 
 
-# Serving processes of a mount by default (mount.py: min(2, cores)); each decodes inline on one
-# thread, so that is how many cores decode at once.
+# Serving processes of a mount by default (mount/family.py: min(2, CPUs)); each decodes inline
+# on one thread, so that is how many cores decode at once.
 _MOUNT_PROCESSES = 2
 
 
@@ -273,6 +273,13 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         dest="noopen",
         action="store_false",
         help="do not use the kernel's no-open mode even with the patched pyfuse3",
+    )
+    p.add_argument(
+        "--no-fast-paths",
+        dest="fast_paths",
+        action="store_false",
+        help="answer OPENDIR and xattr requests in Python, and let the kernel drop directory"
+        " listings, even with the patched pyfuse3 (for comparisons)",
     )
     p.set_defaults(func=_cmd_mount)
 

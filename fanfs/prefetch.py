@@ -399,7 +399,7 @@ class CacheFiller:
     page cache too, so that a shuffled epoch finds them with no READ at all. Stops when the
     cache budget is spent (decoded objects kept, plus raw chunks pushed) or every chunk is
     done. Blocking; single-node mounts run it in a process of its own at the lowest CPU
-    priority (mount.py), so it uses only cores the readers leave idle and never holds a
+    priority (mount/family.py), so it uses only cores the readers leave idle and never holds a
     serving process's GIL."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """`SharedState`: the memory every serving process of one mount shares.
 
 A mount may be served by several processes on the same /dev/fuse (forked after the INIT
-handshake, see mount.py). They share, through one anonymous MAP_SHARED mapping created before
+handshake, see mount/serve.py). They share, through one anonymous MAP_SHARED mapping created before
 the fork: the counters (one row per process, summed for statistics), the per-partition
 "resident in memory" flags (set by the preloading thread in the first process, read by all), a
 bitmap of chunks found corrupt (so a damaged file is logged once per mount and fails at once in
@@ -50,6 +50,13 @@ COUNTER_NAMES: Final = (
     "fill_pushed",
     "hint_lists",
     "hint_entries",
+    "readdirs",
+    "dir_opens",
+    "xattr_calls",
+    # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
+    "fast_opendirs",
+    "fast_getxattrs",
+    "fast_listxattrs",
 )
 (
     READS,
@@ -85,7 +92,14 @@ COUNTER_NAMES: Final = (
     FILL_PUSHED,
     HINT_LISTS,
     HINT_ENTRIES,
+    READDIRS,
+    DIR_OPENS,
+    XATTR_CALLS,
+    FAST_OPENDIRS,
+    FAST_GETXATTRS,
+    FAST_LISTXATTRS,
 ) = range(len(COUNTER_NAMES))
+FAST_COUNTERS: Final = COUNTER_NAMES[FAST_OPENDIRS:]
 
 
 class SharedState:
@@ -117,6 +131,12 @@ class SharedState:
         """Make this process write counter row `slot` (call once, after fork)."""
         start = slot * self._row
         self.counters = self._view[start : start + self._row].cast("Q")
+
+    def fast_counters(self) -> memoryview:
+        """This process's counters of the answers the patched pyfuse3 gives in C (a writable
+        view of FAST_COUNTERS; pass it to pyfuse3.fanfs_set_fast_paths after use_slot)."""
+        row = self.counters.cast("B")
+        return row[FAST_OPENDIRS * 8 : (FAST_OPENDIRS + len(FAST_COUNTERS)) * 8]
 
     def totals(self) -> dict[str, int]:
         rows = np.frombuffer(self._map, dtype=np.uint64, count=self._counters_size // 8)

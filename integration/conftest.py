@@ -19,7 +19,8 @@ afterwards, idempotent): SIGCONT, SIGKILL to mpirun's process group, `fusermount
 every mountpoint still listed, SIGKILL to every rank daemon still alive (each rank has its own
 process group; checked by command line, so a reused pid is never hit). Reads through
 the mounts run in worker threads with a deadline (`run_with_deadline`), so a read stuck on a
-frozen daemon fails the test instead of blocking the thread that must clean up.
+frozen daemon fails the test instead of blocking the thread that must clean up. The waits,
+lazy unmounts and process checks are fanfs/_harness.py's, shared with tests/ and tools/.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,13 +40,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from fanfs.mountinfo import find_mount, mounts_under
-from tests.conftest import fuse_unavailable
+from fanfs import _harness as harness
+from fanfs._harness import FANFS, lazy_unmount, mount_type
+from fanfs.mountinfo import mounts_under
+from tests.conftest import TEST_FSNAME, fuse_unavailable
 
 MPIRUN = "mpirun"
 MPIRUN_BASE = (MPIRUN, "--allow-run-as-root", "--oversubscribe")
-FANFS = (sys.executable, "-m", "fanfs")
-TEST_FSNAME = "fanfs-test"  # as every test mount (STYLE.md B10); found in mountinfo by it
 READY_DEADLINE_S = 60.0
 STOP_WAIT_S = 15.0
 KILL_WAIT_S = 10.0
@@ -78,34 +78,9 @@ def require_mpi() -> None:
     pytest.skip(reason)
 
 
-def mount_type(path: Path) -> str | None:
-    """Filesystem type of the mount at exactly `path` (from /proc/self/mountinfo), or None."""
-    entry = find_mount(str(path))
-    return None if entry is None else entry.fstype
-
-
 def fanfs_test_mounts(base: Path) -> list[str]:
     """Mountpoints of fanfs-test mounts at or under `base`."""
     return [entry.mountpoint for entry in mounts_under(str(base), source=TEST_FSNAME)]
-
-
-def lazy_unmount(path: Path | str) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(
-            ["fusermount3", "-u", "-z", str(path)], check=False, capture_output=True, timeout=30
-        )
-
-
-def _pid_alive_as(pid: int, needle: str) -> bool:
-    """`pid` is a live (not zombie) process whose command line contains `needle`."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return state != "Z" and needle in cmdline
 
 
 class _Probe:
@@ -198,18 +173,14 @@ class MpiJob:
         return self
 
     def wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline, step = time.monotonic() + READY_DEADLINE_S, 0.02
+        proc = self.proc
+        assert proc is not None
         pending = set(range(self.np))
         probes: dict[int, _Probe] = {}
-        while pending:
-            if self.proc.poll() is not None:
-                pytest.fail(
-                    "mpirun exited with %s before every rank mounted:\n%s"
-                    % (self.proc.returncode, self.diagnostics())
-                )
+
+        def all_ready() -> bool:
             for rank in sorted(pending):
-                if mount_type(self.mnt[rank]) != "fuse.fanfs":
+                if mount_type(self.mnt[rank]) != harness.FSTYPE:
                     continue
                 # statvfs blocks until the daemon serves (after the barrier): probe it in a
                 # thread, so a rank stuck before serving cannot block this loop.
@@ -218,17 +189,27 @@ class MpiJob:
                     probes[rank] = _Probe(self.mnt[rank])
                 elif probe.ok:
                     pending.discard(rank)
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                listed = [r for r in range(self.np) if mount_type(self.mnt[r]) is not None]
-                self.dump_stacks()
-                pytest.fail(
-                    "ranks %s not ready within %.0fs (listed in mountinfo: %s):\n%s"
-                    % (sorted(pending), READY_DEADLINE_S, listed, self.diagnostics())
-                )
-            time.sleep(step)
-            step = min(step * 2, 0.5)
+            return not pending
+
+        try:
+            ready = harness.poll(
+                all_ready,
+                timeout_s=READY_DEADLINE_S,
+                alive=lambda: proc.poll() is None,
+                step_s=0.02,
+            )
+        except harness.ProcessExited:
+            pytest.fail(
+                "mpirun exited with %s before every rank mounted:\n%s"
+                % (proc.returncode, self.diagnostics())
+            )
+        if not ready:
+            listed = [r for r in range(self.np) if mount_type(self.mnt[r]) is not None]
+            self.dump_stacks()
+            pytest.fail(
+                "ranks %s not ready within %.0fs (listed in mountinfo: %s):\n%s"
+                % (sorted(pending), READY_DEADLINE_S, listed, self.diagnostics())
+            )
         for rank in range(self.np):
             self.pids[rank] = int(os.getxattr(self.mnt[rank], "user.fanfs.pid"))
 
@@ -241,7 +222,7 @@ class MpiJob:
                 children = [int(pid) for pid in f.read().split()]
         except OSError:
             return []
-        return [pid for pid in children if _pid_alive_as(pid, str(self.workdir))]
+        return [pid for pid in children if harness.pid_alive(pid, str(self.workdir))]
 
     def dump_stacks(self) -> None:
         """SIGUSR1: each rank's faulthandler writes every thread's stack to its log."""
@@ -287,9 +268,9 @@ class MpiJob:
         self.killed.add(rank)
         os.kill(self.pids[rank], signal.SIGKILL)
         deadline = time.monotonic() + KILL_WAIT_S
-        while _pid_alive_as(self.pids[rank], "fanfs") and time.monotonic() < deadline:
+        while harness.pid_alive(self.pids[rank], "fanfs") and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not _pid_alive_as(self.pids[rank], "fanfs"), "rank %d survived SIGKILL" % rank
+        assert not harness.pid_alive(self.pids[rank], "fanfs"), "rank %d survived SIGKILL" % rank
         lazy_unmount(self.mnt[rank])
 
     # -- stop ----------------------------------------------------------------------------
@@ -342,11 +323,10 @@ class MpiJob:
             if mount_type(mnt) is not None:
                 lazy_unmount(mnt)
         for pid in ranks:
-            if _pid_alive_as(pid, str(self.workdir)):
+            if harness.pid_alive(pid, str(self.workdir)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        for mnt in fanfs_test_mounts(self.workdir):
-            lazy_unmount(mnt)
+        harness.sweep(self.workdir, TEST_FSNAME)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -418,5 +398,4 @@ def _sweep_own_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     """Last resort: no fanfs-test mount under this session's temp dir survives the session."""
     base = tmp_path_factory.getbasetemp()
     yield
-    for mnt in fanfs_test_mounts(base):
-        lazy_unmount(mnt)
+    harness.sweep(base, TEST_FSNAME)

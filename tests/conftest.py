@@ -4,13 +4,14 @@ Real-mount discipline (STYLE.md B10): every mount runs `fanfs mount -f` in its o
 and session with `fsname=fanfs-test`; readiness is read from /proc/self/mountinfo (never
 os.path.ismount); teardown unmounts with `fanfs umount` and checks the daemon's exit status,
 and on any failure falls back to SIGUSR1 (stack dump), `fusermount3 -u -z`, terminate, kill.
-A session sweeper removes any fanfs-test mount a crashed run left behind.
+A session sweeper removes any fanfs-test mount a crashed run left behind. The subprocess
+harness itself (waits, lazy unmounts, sweeps) is fanfs/_harness.py, shared with the
+integration tests and the benchmarks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import signal
@@ -18,18 +19,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fanfs import _harness as harness
 from fanfs.format.index import Index
 from fanfs.format.reader import PackReader
-from fanfs.mountinfo import find_mount, mounts_under
 from tests.treegen import make_edge_tree
 
-FANFS = [sys.executable, "-m", "fanfs"]
+FANFS = harness.FANFS
 TEST_FSNAME = "fanfs-test"
 MOUNT_WAIT_S = 20.0
 # Kill a test mount's server this long after it started (before pytest's 300 s timeout).
@@ -72,12 +72,6 @@ def run_fanfs(
     return subprocess.run(
         [*FANFS, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-def _mount_entry(path: Path) -> str | None:
-    """Filesystem type of the mount at exactly `path` (from /proc/self/mountinfo), or None."""
-    entry = find_mount(str(path))
-    return None if entry is None else entry.fstype
 
 
 def fuse_unavailable() -> str | None:
@@ -134,20 +128,19 @@ class Mount:
         return self
 
     def _wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline, step = time.monotonic() + MOUNT_WAIT_S, 0.01
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(
-                    "fanfs mount exited with %s:\n%s" % (self.proc.returncode, self.log_text())
-                )
-            if _mount_entry(self.mnt) == "fuse.fanfs":
-                with contextlib.suppress(OSError):
-                    os.statvfs(self.mnt)
-                    return
-            time.sleep(step)
-            step = min(step * 2, 0.5)
-        pytest.fail("mount did not appear within %ds:\n%s" % (MOUNT_WAIT_S, self.log_text()))
+        proc = self.proc
+        assert proc is not None
+        try:
+            ready = harness.poll(
+                lambda: harness.mount_type(self.mnt) == harness.FSTYPE
+                and harness.answers(self.mnt),
+                timeout_s=MOUNT_WAIT_S,
+                alive=lambda: proc.poll() is None,
+            )
+        except harness.ProcessExited:
+            pytest.fail("fanfs mount exited with %s:\n%s" % (proc.returncode, self.log_text()))
+        if not ready:
+            pytest.fail("mount did not appear within %ds:\n%s" % (MOUNT_WAIT_S, self.log_text()))
 
     def _kill_server(self) -> None:
         proc = self.proc
@@ -160,7 +153,7 @@ class Mount:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     def mounted(self) -> bool:
-        return _mount_entry(self.mnt) is not None
+        return harness.mount_type(self.mnt) is not None
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -174,24 +167,17 @@ class Mount:
         result = run_fanfs("umount", self.mnt)
         assert result.returncode == 0, result.stderr
         assert self.proc.wait(10) == 0
-        assert _mount_entry(self.mnt) is None
+        assert harness.mount_type(self.mnt) is None
         self.proc = None
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGUSR1)
-        if _mount_entry(self.mnt) is not None:
-            subprocess.run(
-                ["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True
-            )
+        if harness.mount_type(self.mnt) is not None:
+            harness.lazy_unmount(self.mnt)
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            harness.stop_process(self.proc)
         self.proc = None
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -206,31 +192,14 @@ class Mount:
         self._kill()
 
 
-def _is_dead(mountpoint: str) -> bool:
-    try:
-        os.statvfs(mountpoint)
-    except OSError as exc:
-        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED, errno.ECONNREFUSED)
-    return False
-
-
-def _sweep_stale_mounts(base: Path, *, only_dead: bool) -> None:
-    """Unmount test mounts under `base` that a crashed run left behind. Other pytest sessions
-    may be running: their live mounts are left alone (only_dead)."""
-    for entry in mounts_under(str(base), source=TEST_FSNAME):
-        if entry.mountpoint == str(base) or (only_dead and not _is_dead(entry.mountpoint)):
-            continue
-        subprocess.run(
-            ["fusermount3", "-u", "-z", entry.mountpoint], check=False, capture_output=True
-        )
-
-
 @pytest.fixture(scope="session", autouse=True)
 def stale_mount_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Unmount test mounts that a crashed run left behind. Other pytest sessions may be
+    running: before this session, only dead mounts go; after it, all of its own."""
     base = tmp_path_factory.getbasetemp()
-    _sweep_stale_mounts(base.parent, only_dead=True)
+    harness.sweep(base.parent, TEST_FSNAME, only_dead=True)
     yield
-    _sweep_stale_mounts(base, only_dead=False)
+    harness.sweep(base, TEST_FSNAME)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from fanfs import _harness as harness
 from fanfs import mountinfo as fanfs_mountinfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -317,34 +318,10 @@ def mountinfo() -> dict[str, str]:
 
 def wait_mounted(mnt: Path, deadline_s: float = MOUNT_DEADLINE_S) -> None:
     """Poll mountinfo until `mnt` is a mount point, with a doubling step."""
-    step, end = 0.005, time.monotonic() + deadline_s
-    while str(mnt) not in mountinfo():
-        if time.monotonic() > end:
-            raise BenchError("%s did not appear in mountinfo within %.0f s" % (mnt, deadline_s))
-        time.sleep(step)
-        step = min(step * 2, 0.5)
-
-
-def fuse_daemon_pids(mnt: Path) -> list[int]:
-    """PIDs holding /dev/fuse open whose command line has `mnt` as an argument."""
-    target = os.fsencode(str(mnt))
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            if target in argv and _has_fuse_fd(Path(entry.path, "fd")):
-                pids.append(int(entry.name))
-    return sorted(pids)
-
-
-def _has_fuse_fd(fd_dir: Path) -> bool:
-    for fd in os.scandir(fd_dir):
-        with contextlib.suppress(OSError):
-            if os.readlink(fd.path) == "/dev/fuse":
-                return True
-    return False
+    if not harness.poll(
+        lambda: harness.mount_type(mnt) is not None, timeout_s=deadline_s, step_s=0.005
+    ):
+        raise BenchError("%s did not appear in mountinfo within %.0f s" % (mnt, deadline_s))
 
 
 def process_memory(pids: Sequence[int]) -> dict[str, int] | None:
@@ -367,19 +344,6 @@ def _kb_field(text: str, key: str) -> int:
         if line.startswith(key):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path("/proc/%d/stat" % pid)
-    with contextlib.suppress(OSError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
 
 
 # ---------------------------------------------------------------- mounts
@@ -426,7 +390,7 @@ class MountStack:
         """Find (and remember, for cleanup) the daemon pids serving `mnt`."""
         for m in self._mounts:
             if m.mnt == mnt:
-                m.pids = sorted(set(m.pids) | set(fuse_daemon_pids(mnt)))
+                m.pids = sorted(set(m.pids) | set(harness.serving_pids(mnt)))
                 return m.pids
         raise KeyError(mnt)
 
@@ -448,7 +412,7 @@ class MountStack:
 
 
 def _unmount(m: _Mount) -> None:
-    m.pids = sorted(set(m.pids) | set(fuse_daemon_pids(m.mnt)))
+    m.pids = sorted(set(m.pids) | set(harness.serving_pids(m.mnt)))
     if str(m.mnt) in mountinfo():
         log("unmounting %s", m.mnt)
         try:
@@ -457,7 +421,7 @@ def _unmount(m: _Mount) -> None:
             log("WARNING: %s", exc)
     if str(m.mnt) in mountinfo():
         log("WARNING: %s still mounted; lazy unmount", m.mnt)
-        subprocess.run(["fusermount3", "-u", "-z", str(m.mnt)], check=False)
+        harness.lazy_unmount(m.mnt)
     _reap(m.pids)
     if str(m.mnt) in mountinfo():
         raise BenchError("%s is still mounted" % m.mnt)
@@ -466,7 +430,7 @@ def _unmount(m: _Mount) -> None:
 def _reap(pids: Sequence[int], grace_s: float = 10.0) -> None:
     """Wait for daemon `pids` to exit after unmount; SIGTERM, then SIGKILL stragglers."""
     for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        alive = [p for p in pids if pid_alive(p)]
+        alive = [p for p in pids if harness.pid_alive(p)]
         if not alive:
             return
         if sig is not None:
@@ -475,7 +439,7 @@ def _reap(pids: Sequence[int], grace_s: float = 10.0) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
         end = time.monotonic() + wait_s
-        while time.monotonic() < end and any(pid_alive(p) for p in alive):
+        while time.monotonic() < end and any(harness.pid_alive(p) for p in alive):
             time.sleep(0.05)
 
 

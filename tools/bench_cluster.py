@@ -72,6 +72,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fanfs import _harness as harness
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "results"
 RANKS = 3
@@ -171,15 +173,6 @@ def classify(pack_dir: Path, ranks: int) -> tuple[list[str], list[str], set[int]
 # -- the MPI job ------------------------------------------------------------------------------
 
 
-def _mount_type(path: Path) -> str | None:
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == str(path):
-                return fields[fields.index("-") + 1]
-    return None
-
-
 class Job:
     """`mpirun -np RANKS fanfs mount` with one mountpoint and cache dir per rank."""
 
@@ -217,9 +210,7 @@ class Job:
             "--oversubscribe",
             "-np",
             str(RANKS),
-            sys.executable,
-            "-m",
-            "fanfs",
+            *harness.FANFS,
             "mount",
             str(self.pack_dir),
             str(self.workdir / "mnt{rank}"),
@@ -251,26 +242,24 @@ class Job:
         return self
 
     def _wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline, step = time.monotonic() + READY_DEADLINE_S, 0.05
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(
-                    "mpirun exited with %s; see %s"
-                    % (self.proc.returncode, self.workdir / "mpirun.out")
-                )
-            ready = 0
-            for mnt in self.mnt:
-                if _mount_type(mnt) == "fuse.fanfs":
-                    with contextlib.suppress(OSError):
-                        os.statvfs(mnt)
-                        ready += 1
-            if ready == RANKS:
-                break
-            if time.monotonic() > deadline:
+        proc = self.proc
+        assert proc is not None
+
+        def ready() -> bool:
+            return all(
+                harness.mount_type(mnt) == harness.FSTYPE and harness.answers(mnt)
+                for mnt in self.mnt
+            )
+
+        try:
+            if not harness.poll(
+                ready, timeout_s=READY_DEADLINE_S, alive=lambda: proc.poll() is None, step_s=0.05
+            ):
                 raise BenchError("the mounts did not appear within %.0fs" % READY_DEADLINE_S)
-            time.sleep(step)
-            step = min(step * 2, 0.5)
+        except harness.ProcessExited:
+            raise BenchError(
+                "mpirun exited with %s; see %s" % (proc.returncode, self.workdir / "mpirun.out")
+            ) from None
         self.pids = [int(os.getxattr(mnt, "user.fanfs.pid")) for mnt in self.mnt]
 
     def stats(self, rank: int = 0) -> dict[str, Any]:
@@ -307,21 +296,11 @@ class Job:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
         for mnt in self.mnt:
-            if _mount_type(mnt) is not None:
+            if harness.mount_type(mnt) is not None:
                 log("lazily unmounting %s", mnt)
-                subprocess.run(
-                    ["fusermount3", "-u", "-z", str(mnt)],
-                    check=False,
-                    capture_output=True,
-                    timeout=30,
-                )
+                harness.lazy_unmount(mnt)
         for pid in pids:
-            try:
-                with open("/proc/%d/cmdline" % pid, "rb") as f:
-                    mine = str(self.workdir).encode() in f.read()
-            except OSError:
-                continue
-            if mine:
+            if harness.pid_alive(pid, str(self.workdir)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

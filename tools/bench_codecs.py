@@ -68,8 +68,10 @@ from typing import Any
 
 import numpy as np
 
+from fanfs import _harness as harness
+
 REPO = Path(__file__).resolve().parent.parent
-FANFS = [sys.executable, "-m", "fanfs"]
+FANFS = harness.FANFS
 SINGLE = [
     "none",
     "lz4",
@@ -223,27 +225,6 @@ def make_dataset(root: Path, seed: int, mix: str = "coco") -> None:
 # --- mounts and readers -----------------------------------------------------------------------
 
 
-def _mounted(mnt: Path) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == str(mnt) for line in f)
-
-
-def _serving_pids(mnt: Path) -> list[int]:
-    """The processes serving `mnt`: every process whose argv is `... mount PACK MNT ...`."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"mount" in argv and str(mnt).encode() in argv and b"fanfs" in argv:
-            pids.append(int(entry))
-    return pids
-
-
 def _cpu_s(pids: list[int]) -> float:
     """utime + stime of `pids` (each process's threads included), in seconds."""
     total = 0
@@ -282,12 +263,12 @@ def mounted(pack: Path, mnt: Path) -> Iterator[tuple[list[int], Path]]:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and "preload" not in log_path.read_text():
             time.sleep(0.02)
-        yield _serving_pids(mnt), log_path
+        yield harness.serving_pids(mnt), log_path
     finally:
         result = subprocess.run(
             [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
         )
-        if result.returncode != 0 or _mounted(mnt):
+        if result.returncode != 0 or harness.mount_type(mnt) is not None:
             log("umount failed (%s); lazy unmount", result.stderr.decode().strip())
             subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
 

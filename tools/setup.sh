@@ -31,7 +31,7 @@ PYFUSE3_BUILD_PINS=(Cython==3.2.4 setuptools==80.9.0 setuptools_scm==8.3.1 wheel
 MPI4PY_VERSION=4.1.2
 
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config openmpi-bin libopenmpi-dev
-              squashfuse squashfs-tools psmisc patch)
+              squashfuse squashfs-tools erofs-utils psmisc patch)
 
 export DEBIAN_FRONTEND=noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -71,13 +71,14 @@ def mount_kernel(pyfuse3: Any, ops: Any, config: MountConfig, cluster: Any) -> N
         raise error
     info = ops.info
     log.info(
-        "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s)",
+        "mounted %s at %s (%d files, %s, serving processes: %d, no-open mode %s, fast paths %s)",
         config.pack,
         config.mountpoint,
         info.files,
         format_size(info.bytes_in),
         info.processes,
         "on" if info.noopen else "off",
+        "on" if info.fast_paths else "off",
     )
     objects = ops.store.objects
     log.info(

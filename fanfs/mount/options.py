@@ -38,6 +38,7 @@ class MountConfig:
     cache_policy: str = "minio"
     preload: str = "auto"
     noopen: bool = True
+    fast_paths: bool = True
     thread_limit: int = 8
     processes: int = 0  # 0: DEFAULT_PROCESSES, bounded by the CPU count
     cluster: bool | None = None  # None: detect an MPI launch
@@ -71,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         cache_policy=args.cache_policy,
         preload=_preload_option(args.preload),
         noopen=args.noopen,
+        fast_paths=args.fast_paths,
         processes=args.processes,
         cluster=args.cluster,
         cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,

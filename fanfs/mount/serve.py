@@ -102,6 +102,7 @@ def build_operations(
         pack=config.pack,
         mountpoint=config.mountpoint,
         noopen=noopen,
+        fast_paths=config.fast_paths and getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 4,
         processes=processes,
         bytes_in=int(totals.get("bytes_in", 0)),
         files=int(totals.get("files", 0)),
@@ -137,6 +138,8 @@ def serve_until_unmounted(
             pyfuse3.fanfs_session_reset()
         else:
             nonblocking_session(pyfuse3)
+        if ops.info.fast_paths:
+            pyfuse3.fanfs_set_fast_paths(True, True, store.shared.fast_counters())
         if slot == 0 and ops.info.filler:
             family.filler = fork_filler(
                 pyfuse3, store, ops.info.processes, push=config.prefetch_into == "kernel"

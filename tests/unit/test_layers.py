@@ -128,8 +128,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("operations", "torch"),
     # 6: the mount's lifecycle, one cluster node, the commands that talk to a mount
     ("mount", "cluster.node", "umount", "stats"),
-    # 7: the command line
-    ("cli", "demo", "__main__"),
+    # 7: the command line; the subprocess harness of tests and benchmarks (nothing in fanfs
+    # may use it)
+    ("cli", "demo", "__main__", "_harness"),
 )
 PACKAGE_ORDER = {
     "mount": ("options", "signals", "kernel", "preload", "family", "serve", "daemon", "command"),

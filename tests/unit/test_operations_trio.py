@@ -124,6 +124,9 @@ def test_a_missing_name_is_a_cached_negative_entry(ops: Operations) -> None:
         ("open", ("one.txt", os.O_RDWR), errno.EROFS),
         ("open", ("dir", os.O_RDONLY), errno.EISDIR),
         ("getxattr", ("one.txt", b"user.other"), pyfuse3.ENOATTR),
+        ("getxattr", ("one.txt", b"security.selinux"), errno.EOPNOTSUPP),
+        ("getxattr", ("dir", b"system.posix_acl_access"), errno.EOPNOTSUPP),
+        ("getxattr", ("dir", b"trusted.x"), errno.EOPNOTSUPP),
         ("flush", (1,), errno.ENOSYS),
     ],
 )

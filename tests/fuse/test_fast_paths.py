@@ -1,0 +1,148 @@
+"""What `find`, `ls -l`, ImageFolder scans and `cp -a` ask of a mount, and what it costs the
+daemon: with the patched pyfuse3 (level 4) the kernel runs in no-opendir mode and keeps
+directory listings (a second walk sends no READDIR, and no walk an OPENDIR), and every xattr
+but user.fanfs.* is answered in C, never in Python. `--no-fast-paths` gives the same answers from Python, and the kernel drops the
+listings (which is what makes the counts below able to fail)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import pytest
+
+from fanfs import shared as sh
+from tests.conftest import Mount, run_fanfs
+
+pytestmark = pytest.mark.fuse
+
+FAST = getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 4
+requires_patch = pytest.mark.skipif(
+    not FAST and os.environ.get("CI") != "true",
+    reason="needs the fanfs pyfuse3 patch level 4 (tools/setup.sh)",
+)
+
+
+@requires_patch
+def test_the_c_counters_are_where_the_stats_expect_them() -> None:
+    assert tuple(pyfuse3.FANFS_FAST_COUNTERS) == sh.FAST_COUNTERS
+
+
+def stats(mount: Mount) -> dict[str, Any]:
+    result = run_fanfs("stats", "--json", mount.mnt)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def walk(root: Path) -> list[tuple[str, int]]:
+    """An ImageFolder-style scan: scandir of every directory, stat of every entry."""
+    seen = []
+    for top, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            seen.append((os.path.join(top, name), os.lstat(os.path.join(top, name)).st_size))
+    return seen
+
+
+def native_walk(source: Path, mnt: Path) -> list[tuple[str, int]]:
+    return [(p.replace(str(source), str(mnt), 1), size) for p, size in walk(source)]
+
+
+@requires_patch
+def test_a_second_walk_sends_no_readdir(
+    edge_tree: Path, edge_pack: Path, mount_factory: Any
+) -> None:
+    mount: Mount = mount_factory(edge_pack)
+    first = walk(mount.mnt)
+    assert first == native_walk(edge_tree, mount.mnt)
+    after_first = stats(mount)
+    assert after_first["fast_paths"] is True
+    assert after_first["readdirs"] > 0
+    # the first OPENDIR, answered ENOSYS in C, switched the kernel to no-opendir mode
+    assert after_first["fast_opendirs"] >= 1 and after_first["dir_opens"] == 0
+    assert walk(mount.mnt) == first
+    assert subprocess.run(["find", mount.mnt], capture_output=True, check=True).stdout
+    after = stats(mount)
+    assert after["readdirs"] == after_first["readdirs"]  # every listing came from the kernel
+    assert after["fast_opendirs"] == after_first["fast_opendirs"]  # and no OPENDIR either
+
+
+def test_without_fast_paths_every_walk_reads_the_directories(
+    edge_tree: Path, edge_pack: Path, mount_factory: Any
+) -> None:
+    mount: Mount = mount_factory(edge_pack, "--no-fast-paths")
+    first = walk(mount.mnt)
+    assert first == native_walk(edge_tree, mount.mnt)
+    after_first = stats(mount)
+    assert after_first["fast_paths"] is False and after_first["fast_opendirs"] == 0
+    assert walk(mount.mnt) == first
+    after = stats(mount)
+    assert after["readdirs"] >= 2 * after_first["readdirs"]
+    assert after["dir_opens"] >= 2 * after_first["dir_opens"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fast", "python"])
+def test_xattr_answers_are_the_same_either_way(
+    mode: str, edge_pack: Path, mount_factory: Any
+) -> None:
+    if mode == "fast" and not FAST and os.environ.get("CI") != "true":
+        pytest.skip("needs the fanfs pyfuse3 patch level 4 (tools/setup.sh)")
+    mount: Mount = mount_factory(edge_pack, *(() if mode == "fast" else ("--no-fast-paths",)))
+    f = mount.mnt / "sizes" / "text_100"
+    before = stats(mount)
+    for path in (f, mount.mnt, mount.mnt / "sizes"):
+        assert os.listxattr(path) == []
+        for name in ("security.selinux", "system.posix_acl_access", "system.posix_acl_default"):
+            with pytest.raises(OSError) as info:
+                os.getxattr(path, name)
+            assert info.value.errno == errno.EOPNOTSUPP, (path, name)
+        with pytest.raises(OSError) as info:
+            os.getxattr(path, "user.other")
+        assert info.value.errno == errno.ENODATA
+    assert os.getxattr(f, "user.fanfs.chunks") == b"1"
+    assert json.loads(os.getxattr(mount.mnt, "user.fanfs.stats"))["files"] > 0
+    after = stats(mount)
+    per_stats = stats(mount)["xattr_calls"] - after["xattr_calls"]  # what `fanfs stats` asks
+    counts = {k: after[k] - before[k] for k in ("xattr_calls", "fast_getxattrs", "fast_listxattrs")}
+    if mode == "fast":
+        # 3 paths x (1 listxattr + 4 getxattrs) answered in C; only user.fanfs.* in Python:
+        # chunks once, stats twice (os.getxattr tries 128 bytes, gets ERANGE, asks again)
+        assert counts == {"fast_listxattrs": 3, "fast_getxattrs": 12, "xattr_calls": 3 + per_stats}
+    else:
+        assert counts == {
+            "fast_listxattrs": 0,
+            "fast_getxattrs": 0,
+            "xattr_calls": 15 + 3 + per_stats,
+        }
+
+
+@requires_patch
+def test_ls_l_costs_the_daemon_no_xattr_call_per_file(edge_pack: Path, mount_factory: Any) -> None:
+    mount: Mount = mount_factory(edge_pack)
+    files = len(os.listdir(mount.mnt / "sizes"))
+    before = stats(mount)
+    out = subprocess.run(["ls", "-lR", mount.mnt], capture_output=True, check=True)
+    assert out.stdout.count(b"\n") > files
+    after = stats(mount)
+    per_stats = stats(mount)["xattr_calls"] - after["xattr_calls"]  # what `fanfs stats` asks
+    assert after["xattr_calls"] - before["xattr_calls"] == per_stats
+    # `ls` asks once per device, learns "not supported", and stops asking
+    assert after["fast_getxattrs"] - before["fast_getxattrs"] <= 4
+
+
+def test_cp_a_copies_carry_no_fanfs_attributes(
+    edge_tree: Path, edge_pack: Path, mount_factory: Any, tmp_path: Path
+) -> None:
+    mount: Mount = mount_factory(edge_pack)
+    dest = tmp_path / "copy"
+    subprocess.run(["cp", "-a", mount.mnt / "sizes", dest], check=True, capture_output=True)
+    for name in os.listdir(edge_tree / "sizes"):
+        assert (dest / name).read_bytes() == (edge_tree / "sizes" / name).read_bytes()
+        assert [x for x in os.listxattr(dest / name) if x.startswith("user.fanfs")] == []
+    shutil.rmtree(dest)
