@@ -34,7 +34,6 @@ Results: `--cache`/results-<time>.json and the tables on stdout; progress on std
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -43,11 +42,13 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tools")]
+import bench_codecs  # noqa: E402  (its fresh-mount helper: read-ahead and caches off)
+
 FANFS = [sys.executable, "-m", "fanfs"]
 CORES = os.cpu_count() or 1
 
@@ -293,53 +294,8 @@ def pack_summary(path: Path) -> dict[str, Any]:
 # --- decode through the mount -------------------------------------------------------------------
 
 
-def _mounted(mnt: Path) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == str(mnt) for line in f)
-
-
-@contextlib.contextmanager
-def mounted(pack: Path, mnt: Path) -> Iterator[Path]:
-    """A fresh mount of `pack` with read-ahead and caches off (every read decodes)."""
-    mnt.mkdir(parents=True, exist_ok=True)
-    log_path = mnt.parent / (mnt.name + ".log")
-    log_path.unlink(missing_ok=True)
-    subprocess.run(
-        [
-            *FANFS,
-            "mount",
-            str(pack),
-            str(mnt),
-            "--log",
-            str(log_path),
-            "--prefetch",
-            "off",
-            "--cache-memory",
-            "0",
-        ],
-        check=True,
-        timeout=120,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "preload" not in log_path.read_text():
-            time.sleep(0.05)
-        yield log_path
-    finally:
-        res = subprocess.run(
-            [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
-        )
-        if res.returncode != 0 or _mounted(mnt):
-            subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
-
-
 def _read_ns(log_path: Path) -> float:
-    import ast
-
-    for line in reversed(log_path.read_text().splitlines()):
-        if "statistics: " in line:
-            return float(ast.literal_eval(line.split("statistics: ", 1)[1])["read_ns"])
-    raise RuntimeError("no statistics in %s" % log_path)
+    return float(bench_codecs._mount_stats(log_path)["read_ns"])
 
 
 def _read_class(mnt: Path, rels: list[bytes]) -> None:
@@ -385,7 +341,7 @@ def decode_through_mount(
         times: dict[str, list[float]] = {}
         for _ in range(passes):
             for name, path in [("none", raw), *packs.items()]:
-                with mounted(path, mnt) as log_path:
+                with bench_codecs.mounted(path, mnt) as (_, log_path):
                     _read_class(mnt, members[cls])
                 times.setdefault(name, []).append(_read_ns(log_path) / 1e9)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
