@@ -130,18 +130,19 @@ def make_plan(
         time_budget: float | Callable[[float], float] = budget_of
     else:
         time_budget = settings.time_budget_s
+    budget: float | None = None
+    if settings.mode in ("sync", "prefetch"):
+        budget = decode_budget(settings.mode, settings, n_files, n_bytes, read_model)
+    elif settings.check_mode:
+        budget = decode_budget(settings.check_mode, settings, n_files, n_bytes, read_model)
     profiles = profile(
         classes,
         settings.candidates,
         time_budget_s=time_budget,
         measure_fn=measure_fn,
         spent_out=cost,
+        decode_budget_s=budget,
     )
-    budget: float | None = None
-    if settings.mode in ("sync", "prefetch"):
-        budget = decode_budget(settings.mode, settings, n_files, n_bytes, read_model)
-    elif settings.check_mode:
-        budget = decode_budget(settings.check_mode, settings, n_files, n_bytes, read_model)
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     selection = select(profiles, objective)
     if settings.time_budget_s is None:
@@ -157,6 +158,7 @@ def make_plan(
                 time_budget_s=settings.plan_share * chosen_s,
                 measure_fn=measure_fn,
                 spent_out=cost,
+                decode_budget_s=budget,
             )
             selection = select(profiles, objective)
     return Plan(

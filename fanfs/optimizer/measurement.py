@@ -286,6 +286,7 @@ def profile(
     time_budget_s: float | Callable[[float], float],
     measure_fn: MeasureFn = measure,
     spent_out: PlanCost | None = None,
+    decode_budget_s: float | None = None,
 ) -> list[ClassProfile]:
     """Measure every candidate on every class's sample and project it to the whole class.
 
@@ -294,8 +295,9 @@ def profile(
     2. `time_budget_s` is shared among the classes (`class_shares`: a floor, the rest by
        the bytes the reference saves on each). In each class, a pilot of PILOT_BYTES per
        candidate, cheapest first; a candidate whose pilot would overrun the class's share
-       (judged by its cost per byte on earlier classes) is not measured. The rest of the
-       share then extends the pairs in rounds (`_extend`).
+       (judged by its cost per byte on earlier classes) is not measured. With a loose
+       `decode_budget_s` (or none) the densest candidates go first, else the cheapest.
+       The rest of the share then extends the pairs in rounds (`_extend`).
     3. Each estimate is the reference's projection times the candidate's size over the
        reference's on the same units (`_project`), so a slow candidate's small prefix is
        not compared with the reference's whole sample.
@@ -310,6 +312,7 @@ def profile(
     """
     ref = reference_of(candidates)
     known = spent_out.totals if spent_out is not None else {}
+    ref_decode_s = 0.0
     totals: dict[tuple[str, Candidate], Measurement] = {}
     ref_spent = 0.0
     ref_compress_s = 0.0
@@ -321,6 +324,7 @@ def profile(
                     ref_spent += _cost(m)
                 totals[(cls.name, ref)] = m
                 ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
+                ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
     budget = time_budget_s(ref_compress_s) if callable(time_budget_s) else time_budget_s
     before = spent_out.measure_s if spent_out is not None else 0.0
     spent = 0.0
@@ -333,10 +337,18 @@ def profile(
         weights.append(int(cls.total_bytes * saved))
     shares = class_shares(weights, max(budget - before, 0.0))
     seen: dict[Candidate, list[float]] = {}  # cost per raw byte of earlier pilots
+    # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
+    # ratio decides: the densest candidates a class can afford are measured first (with a
+    # dictionary first for classes that have one). Under a tight budget, the fastest.
+    dense = decode_budget_s is None or decode_budget_s >= 2 * ref_decode_s
+    order = sorted(
+        candidates,
+        key=lambda c: (not c.use_dict, -cost_rank(c), str(c)) if dense else (cost_rank(c), str(c)),
+    )
     for cls, share in zip(classes, shares, strict=True):
         class_spent = _train_dictionary(cls, candidates, measure_fn, share) if share > 0 else 0.0
         pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
-        for cand in sorted(candidates, key=lambda c: (cost_rank(c), str(c))):
+        for cand in order:
             if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
                 continue
             # Dictionary candidates are measured on the units the dictionary was not trained

@@ -720,3 +720,29 @@ def test_profiling_takes_its_share_of_the_predicted_pack_time(tree: Path) -> Non
     bigger: dict[str, Any] = _plan(tree, seed=1, time_budget_s=None, plan_share=1.0, jobs=2)
     assert bigger["settings"]["time_budget_s"] > settings["time_budget_s"]
     assert _plan(tree, seed=1, time_budget_s=None, plan_share=0.25, jobs=2) == record
+
+
+@pytest.mark.parametrize(
+    ("decode_budget", "first"), [(None, "zstd:19"), (1e9, "zstd:19"), (0.0, "lz4")]
+)
+def test_a_loose_decode_budget_measures_the_densest_candidates_first(
+    decode_budget: float | None, first: str
+) -> None:
+    # Time for one pilot beyond the reference: under a loose (or no) decode budget it goes to
+    # the densest candidate, under a tight one to the fastest.
+    units = [bytes([i]) * 65536 for i in range(8)]
+    sizes = {"zstd:3": 20000, "zstd:19": 15000, "lz4": 30000}
+    fn = _unit_measure(
+        {k: {u: v for u in units} for k, v in sizes.items()},
+        {"zstd:3": 1e-9, "zstd:19": 3e-7, "lz4": 3e-7},
+        1e-9,
+    )
+    cls = ClassSample("c/*.bin", files=8, total_bytes=8 * 65536, units=units)
+    [prof] = profile(
+        [cls],
+        [NONE, REFERENCE, ZSTD19, LZ4],
+        time_budget_s=0.041,
+        measure_fn=fn,
+        decode_budget_s=decode_budget,
+    )
+    assert {str(e.candidate) for e in prof.estimates} == {"none", "zstd:3", first}
