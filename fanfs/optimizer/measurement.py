@@ -50,8 +50,11 @@ DICT_TRAIN_S_PER_BYTE: Final = 25e-9
 # per unit of `cost_rank`): zstd:19 (rank 11) about 0.3 s per MiB, brotli:11 0.5 s per MiB.
 NOMINAL_S_PER_BYTE: Final = 25e-9
 # First pass over every (class, candidate): the first units of the class's sample (a random
-# order), then the time budget decides how much more of the sample each pair sees.
-PILOT_BYTES: Final = 128 * 1024
+# order), then the time budget decides how much more of the sample each pair sees. Small, so
+# that a budget of a quarter of the pack time reaches the dense candidates of every class
+# (on the real dataset, 128 KiB pilots left most classes with zstd:3 alone: 2.16x; 32 KiB
+# pilots 2.39x, docs/benchmarks.md); the estimates are paired with the reference's.
+PILOT_BYTES: Final = 32 * 1024
 # A candidate no faster to decode than the reference must be smaller by this many standard
 # errors of the per-unit differences measured on the same units, or it is not a candidate:
 # on few units a codec that loses on the class can look better by chance.

@@ -730,18 +730,21 @@ def test_a_loose_decode_budget_measures_the_densest_candidates_first(
 ) -> None:
     # Time for one pilot beyond the reference: under a loose (or no) decode budget it goes to
     # the densest candidate, under a tight one to the fastest.
-    units = [bytes([i]) * 65536 for i in range(8)]
+    from fanfs.optimizer.measurement import NOMINAL_S_PER_BYTE, PILOT_BYTES
+
+    units = [bytes([i]) * (PILOT_BYTES // 2) for i in range(8)]
     sizes = {"zstd:3": 20000, "zstd:19": 15000, "lz4": 30000}
     fn = _unit_measure(
         {k: {u: v for u in units} for k, v in sizes.items()},
         {"zstd:3": 1e-9, "zstd:19": 3e-7, "lz4": 3e-7},
         1e-9,
     )
-    cls = ClassSample("c/*.bin", files=8, total_bytes=8 * 65536, units=units)
+    cls = ClassSample("c/*.bin", files=8, total_bytes=8 * PILOT_BYTES // 2, units=units)
+    pilot_s = 3e-7 * PILOT_BYTES  # one pilot; the other's nominal cost does not fit after it
     [prof] = profile(
         [cls],
         [NONE, REFERENCE, ZSTD19, LZ4],
-        time_budget_s=0.041,
+        time_budget_s=pilot_s + NOMINAL_S_PER_BYTE * PILOT_BYTES / 2,
         measure_fn=fn,
         decode_budget_s=decode_budget,
     )
