@@ -153,9 +153,16 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--time-budget",
-        default="60",
+        default=None,
         metavar="SECONDS",
-        help="seconds of codec measurement after a first pass (default 60)",
+        help="CPU seconds of codec measurement (default: --plan-share of the predicted pack time)",
+    )
+    g.add_argument(
+        "--plan-share",
+        default="25%",
+        metavar="PERCENT",
+        help="without --time-budget: profiling may take this share of the time the pack is "
+        "predicted to take with zstd:3 (default 25%%)",
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 

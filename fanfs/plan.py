@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from typing import TYPE_CHECKING, Any, Final
 
@@ -103,7 +104,13 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         if capacity is not None
         else None,
         sample_bytes=parse_size(args.sample_bytes),
-        time_budget_s=_number(args.time_budget, "--time-budget", positive=True),
+        time_budget_s=(
+            _number(args.time_budget, "--time-budget", positive=True)
+            if args.time_budget is not None
+            else None
+        ),
+        plan_share=parse_percent(args.plan_share),
+        jobs=getattr(args, "jobs", 0) or os.cpu_count() or 1,
         seed=args.seed,
         candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
     )
@@ -306,6 +313,19 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 walk["entries_examined"],
                 walk["directories_listed"],
                 "; part of the tree was not reached, so they are low" if walk["partial"] else "",
+            )
+        )
+    if smp.get("predicted_pack_s") is not None:
+        out.append(
+            "plan cost   %.1f s of measurement (CPU) after the zstd:3 pass (%.1f s), within a "
+            "budget of %.1f s: %g%% of the %.1f s the pack is predicted to take on %d jobs"
+            % (
+                smp["measure_s"],
+                smp["reference_s"],
+                s["time_budget_s"],
+                100 * s["plan_share"],
+                smp["predicted_pack_s"],
+                s["jobs"],
             )
         )
     return out

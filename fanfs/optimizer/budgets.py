@@ -15,7 +15,7 @@ from fanfs.compression import (
 from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
-from fanfs.optimizer.measurement import ClassProfile, MeasureFn, measure, profile
+from fanfs.optimizer.measurement import ClassProfile, MeasureFn, PlanCost, measure, profile
 from fanfs.optimizer.sampling import ReadModel, fit_read_model, read_unit, sample_classes
 from fanfs.optimizer.selection import Objective, Selection, select
 
@@ -34,7 +34,10 @@ class PlanSettings:
     capacity_bytes: int | None = None
     check_mode: str | None = None  # with a capacity: also hold this mode's budget
     sample_bytes: int = 64 * 1024 * 1024
-    time_budget_s: float = 60.0
+    # CPU seconds of measurement; None: plan_share of the predicted pack time (`time_budget`)
+    time_budget_s: float | None = None
+    plan_share: float = 0.25
+    jobs: int = 1  # the pack's compression threads (its predicted time divides by them)
     seed: int = 0
     candidates: tuple[Candidate, ...] = field(
         default_factory=lambda: parse_candidates(DEFAULT_CODECS)
@@ -81,6 +84,7 @@ class Plan:
     sample_bytes: int
     elapsed_s: float
     chunk_size: int
+    cost: PlanCost = field(default_factory=lambda: PlanCost(None))
 
     def choice(self, class_name: str) -> tuple[CodecSpec, bytes | None]:
         for prof, est in zip(self.profiles, self.selection.choices, strict=True):
@@ -111,17 +115,52 @@ def make_plan(
         reader=reader,
     )
     read_model = settings.read_model or fit_read_model(reads)
-    profiles = profile(
-        classes, settings.candidates, time_budget_s=settings.time_budget_s, measure_fn=measure_fn
-    )
     n_files, n_bytes = len(files), sum(f.size for f in files)
+    cost = PlanCost(settings.time_budget_s)
+    if settings.time_budget_s is None:
+        # The pack reads every file (the raw-read model fitted on the sample reads) and
+        # compresses on `jobs` threads: first with zstd:3 (the reference), then with the
+        # codecs the first selection chose.
+        read_s = read_model.seconds(n_files, n_bytes)
+
+        def budget_of(ref_compress_s: float) -> float:
+            cost.predicted_pack_s = read_s + ref_compress_s / max(settings.jobs, 1)
+            return settings.plan_share * cost.predicted_pack_s
+
+        time_budget: float | Callable[[float], float] = budget_of
+    else:
+        time_budget = settings.time_budget_s
     budget: float | None = None
     if settings.mode in ("sync", "prefetch"):
         budget = decode_budget(settings.mode, settings, n_files, n_bytes, read_model)
     elif settings.check_mode:
         budget = decode_budget(settings.check_mode, settings, n_files, n_bytes, read_model)
+    profiles = profile(
+        classes,
+        settings.candidates,
+        time_budget_s=time_budget,
+        measure_fn=measure_fn,
+        spent_out=cost,
+        decode_budget_s=budget,
+    )
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     selection = select(profiles, objective)
+    if settings.time_budget_s is None:
+        # The pack to be made compresses with the chosen codecs, not zstd:3: when they take
+        # longer, so may the plan. One more round, with what the first spent counted.
+        chosen_s = read_s + sum(e.compress_s for e in selection.choices) / max(settings.jobs, 1)
+        assert cost.predicted_pack_s is not None
+        if chosen_s > cost.predicted_pack_s * 1.25:
+            cost.predicted_pack_s = chosen_s
+            profiles = profile(
+                classes,
+                settings.candidates,
+                time_budget_s=settings.plan_share * chosen_s,
+                measure_fn=measure_fn,
+                spent_out=cost,
+                decode_budget_s=budget,
+            )
+            selection = select(profiles, objective)
     return Plan(
         settings,
         read_model,
@@ -134,6 +173,7 @@ def make_plan(
         sum(len(u) for c in classes for u in c.units),
         time.perf_counter() - start,
         chunk_size,
+        cost,
     )
 
 
@@ -199,7 +239,11 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             "decode_cores": s.decode_cores,
             "capacity_bytes": s.capacity_bytes,
             "sample_bytes_budget": s.sample_bytes,
-            "time_budget_s": s.time_budget_s,
+            "time_budget_s": round(plan.cost.budget_s, 3)
+            if plan.cost.budget_s is not None
+            else None,
+            "plan_share": s.plan_share if s.time_budget_s is None else None,
+            "jobs": s.jobs,
             "seed": s.seed,
             "chunk_size": plan.chunk_size,
             "candidates": [str(c) for c in s.candidates],
@@ -208,6 +252,11 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             "units": plan.sample_units,
             "bytes": plan.sample_bytes,
             "seconds": round(plan.elapsed_s, 3),
+            "measure_s": round(plan.cost.measure_s, 3),
+            "reference_s": round(plan.cost.reference_s, 3),
+            "predicted_pack_s": round(plan.cost.predicted_pack_s, 3)
+            if plan.cost.predicted_pack_s is not None
+            else None,
         },
         "classes": classes,
     }

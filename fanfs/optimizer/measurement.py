@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from fanfs.compression import (
@@ -20,26 +20,45 @@ from fanfs.compression import (
     CODEC_LZMA,
     CODEC_NONE,
     CODEC_ZSTD,
+    CodecSpec,
     compress_object,
     decompress,
+    dictionary_size,
     looks_incompressible,
     train_dictionary,
 )
 from fanfs.optimizer.candidates import NONE, Candidate
-from fanfs.optimizer.sampling import ClassSample
+from fanfs.optimizer.sampling import DICT_MAX_OBJECT_BYTES, FLOOR_SHARE, ClassSample
+
+# Every candidate is compared with this one on the same units (when it is a candidate): the
+# codec `fanfs pack` uses by default, so an auto plan is measured against what it replaces.
+REFERENCE: Final = Candidate(CodecSpec(CODEC_ZSTD, 3))
 
 log = logging.getLogger(__name__)
 
 
-# A class whose typical (median) object is larger than this gets no dictionary candidate:
-# a dictionary only supplies context to the first KiBs of an object.
-DICT_MAX_OBJECT_BYTES: Final = 32 * 1024
-# Dictionaries are trained on at most this much of a class's sample (training time grows
-# with it: about 1 s for 4 MiB here; zstd suggests ~100x the dictionary size).
+# Dictionaries are trained on at most this much of a class's sample (the even units).
 DICT_TRAIN_MAX_BYTES: Final = 4 * 1024 * 1024
-# First pass over every (class, candidate): enough to estimate its cost, then the time budget
-# decides how much more of the sample each pair sees.
-PILOT_BYTES: Final = 256 * 1024
+# Dictionary sizes tried per class (those the training set is at least 4 times as large as);
+# the one that gives the smallest class, its own bytes included, is the class's dictionary.
+DICT_SIZES: Final = (64 * 1024, 256 * 1024, 1024 * 1024)
+# What training costs, counted against the time budget: CPU seconds per training byte (about
+# 0.1 s for 4 MiB here with fixed parameters). A nominal figure, so that a plan with injected
+# measurements stays exactly reproducible.
+DICT_TRAIN_S_PER_BYTE: Final = 25e-9
+# A floor on a candidate's measuring cost per byte before its pilot (CPU seconds per byte
+# per unit of `cost_rank`): zstd:19 (rank 11) about 0.3 s per MiB, brotli:11 0.5 s per MiB.
+NOMINAL_S_PER_BYTE: Final = 25e-9
+# First pass over every (class, candidate): the first units of the class's sample (a random
+# order), then the time budget decides how much more of the sample each pair sees. Small, so
+# that a budget of a quarter of the pack time reaches the dense candidates of every class
+# (on the real dataset, 128 KiB pilots left most classes with zstd:3 alone: 2.16x; 32 KiB
+# pilots 2.39x, docs/benchmarks.md); the estimates are paired with the reference's.
+PILOT_BYTES: Final = 32 * 1024
+# A candidate no faster to decode than the reference must be smaller by this many standard
+# errors of the per-unit differences measured on the same units, or it is not a candidate:
+# on few units a codec that loses on the class can look better by chance.
+WIN_SIGMAS: Final = 2.0
 # Decode passes per measurement. Each pass is timed in CPU time of the measuring thread, and
 # the fastest pass is kept: on a shared machine, wall-clock passes of a few ms varied up to 3x
 # between runs (preemption), which made the knapsack choose by noise; with CPU time and the
@@ -51,7 +70,7 @@ DECODE_PASSES: Final = 3
 # JSON decoded 2.5-6.5x slower in the mount than in a hot loop (docs/benchmarks.md). So up to
 # COLD_UNITS coded units, spread over the sample, are also decoded one at a time after
 # evicting the caches, and the hot time is scaled by their cold/hot ratio.
-COLD_UNITS: Final = 64
+COLD_UNITS: Final = 16
 
 
 def _cache_bytes() -> int:
@@ -76,9 +95,11 @@ def _cache_bytes() -> int:
 class Measurement:
     """A candidate on some units: totals as the pack would store them (raw fallback included).
 
-    Times are single-thread seconds: `decode_s` decodes every unit once, `compress_s`
+    Times are single-thread CPU seconds: `decode_s` decodes every unit once, `compress_s`
     compresses every unit once; `overhead_s` is what measuring cost besides (the cold-cache
-    decodes), counted against `--time-budget` only.
+    decodes), counted against the time budget only. `unit_stored` holds each unit's stored
+    size, in order (empty when a measuring function does not report it): `profile` compares
+    candidates with the reference on exactly the same units.
     """
 
     units: int
@@ -87,8 +108,10 @@ class Measurement:
     decode_s: float
     compress_s: float
     overhead_s: float = 0.0
+    unit_stored: tuple[int, ...] = ()
 
     def __add__(self, other: Measurement) -> Measurement:
+        both = bool(self.unit_stored) and bool(other.unit_stored)
         return Measurement(
             self.units + other.units,
             self.raw_bytes + other.raw_bytes,
@@ -96,6 +119,7 @@ class Measurement:
             self.decode_s + other.decode_s,
             self.compress_s + other.compress_s,
             self.overhead_s + other.overhead_s,
+            self.unit_stored + other.unit_stored if both else (),
         )
 
 
@@ -111,14 +135,15 @@ def measure(
     units count their raw size and no decode time. Decoding is timed in this thread's CPU
     time (what a decode costs the serving process, whatever else the machine runs): the
     fastest of DECODE_PASSES passes over the coded units, scaled by `cold_factor` (a mount
-    decodes with cold caches). Compression is timed on the wall clock: it is the pack's time
-    cost and what `--time-budget` counts.
+    decodes with cold caches). Compression is timed in CPU time too: a pack compresses on
+    every core, so its wall time is about the CPU time over the jobs, and the machine's other
+    work does not inflate the estimate.
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
-    start = time.perf_counter()
+    start = time.thread_time()
     stored = [compress_object(u, spec, dic) for u in units]
-    compress_s = time.perf_counter() - start
+    compress_s = time.thread_time() - start
     coded = [
         (codec, s, len(u))
         for (codec, s), u in zip(stored, units, strict=True)
@@ -127,16 +152,12 @@ def measure(
     decode_s = overhead_s = 0.0
     if coded:
         decode_s = _hot_decode_s(coded, dic)
-        start = time.perf_counter()
+        start = time.thread_time()
         decode_s *= cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
-        overhead_s = time.perf_counter() - start
+        overhead_s = time.thread_time() - start
+    sizes = tuple(len(s) for _, s in stored)
     return Measurement(
-        len(units),
-        sum(len(u) for u in units),
-        sum(len(s) for _, s in stored),
-        decode_s,
-        compress_s,
-        overhead_s,
+        len(units), sum(len(u) for u in units), sum(sizes), decode_s, compress_s, overhead_s, sizes
     )
 
 
@@ -191,7 +212,11 @@ def _clock_cost(clock: Callable[[], float], calls: int = 200) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """A candidate's projection for a whole class, and the sample it rests on."""
+    """A candidate's projection for a whole class, and the sample it rests on.
+
+    `loses`: the candidate is no faster to decode than the reference and was not shown to be
+    smaller on the same units (by WIN_SIGMAS standard errors); selection never picks it.
+    """
 
     candidate: Candidate
     stored_bytes: int  # projected, dictionary included
@@ -199,6 +224,7 @@ class Estimate:
     compress_s: float  # one thread, compressing the whole class once
     sample_units: int
     sample_bytes: int
+    loses: bool = False
 
 
 @dataclass(slots=True)
@@ -213,22 +239,6 @@ class ClassProfile:
         return self.total_bytes / est.stored_bytes if est.stored_bytes else 1.0
 
 
-def _waterfill_time(rates: list[float], rooms: list[int], seconds: float) -> list[int]:
-    """Extra bytes per pair so that sum(rate * bytes) <= seconds, each pair capped by its room,
-    every pair given the same time slice (fast pairs fill up first)."""
-    full = sum(r * b for r, b in zip(rates, rooms, strict=True))
-    if full <= seconds:
-        return list(rooms)
-    lo, hi = 0.0, seconds
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(min(b * r, mid) for r, b in zip(rates, rooms, strict=True)) > seconds:
-            hi = mid
-        else:
-            lo = mid
-    return [min(b, int(lo / r)) if r > 0 else b for r, b in zip(rates, rooms, strict=True)]
-
-
 def _prefix(units: list[bytes], start: int, want: int) -> int:
     """Index after the units from `start` that add up to at least `want` bytes."""
     got, i = 0, start
@@ -238,57 +248,184 @@ def _prefix(units: list[bytes], start: int, want: int) -> int:
     return i
 
 
+def reference_of(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate every other is compared with: REFERENCE, else the cheapest plain one."""
+    plain = [c for c in candidates if c != NONE and not c.use_dict]
+    if REFERENCE in plain:
+        return REFERENCE
+    if not plain:
+        return None
+    return min(plain, key=lambda c: (cost_rank(c), str(c)))
+
+
+def class_shares(sizes: Sequence[int], seconds: float) -> list[float]:
+    """Seconds of measurement per class: FLOOR_SHARE shared equally, the rest by `sizes`
+    (the bytes the reference saves on each class)."""
+    total = sum(sizes)
+    if not sizes:
+        return []
+    floor = FLOOR_SHARE * seconds / len(sizes)
+    rest = (1 - FLOOR_SHARE) * seconds
+    return [floor + (rest * s / total if total else rest / len(sizes)) for s in sizes]
+
+
+@dataclass(slots=True)
+class PlanCost:
+    """What profiling was allowed and what it spent (CPU seconds, as the budget counts them);
+    `predicted_pack_s` when the budget is a share of the predicted pack time."""
+
+    budget_s: float | None
+    measure_s: float = 0.0  # after the reference pass: what the budget bounds
+    reference_s: float = 0.0  # the reference pass
+    predicted_pack_s: float | None = None
+    # every (class, candidate) measurement so far: a later `profile` call resumes from them
+    totals: dict[tuple[str, Candidate], Measurement] = field(default_factory=dict)
+
+
 def profile(
     classes: list[ClassSample],
     candidates: Sequence[Candidate],
     *,
-    time_budget_s: float,
+    time_budget_s: float | Callable[[float], float],
     measure_fn: MeasureFn = measure,
+    spent_out: PlanCost | None = None,
+    decode_budget_s: float | None = None,
 ) -> list[ClassProfile]:
     """Measure every candidate on every class's sample and project it to the whole class.
 
-    A pilot of PILOT_BYTES per (class, candidate) estimates each pair's cost; the rest of
-    `time_budget_s` (as counted by the measurements' own times, so injected measurements make
-    this deterministic) is shared so that every pair gets the same time slice: fast pairs see
-    the whole sample, slow ones (brotli:11, lzma) a random prefix of it.
+    1. The reference (`reference_of`) is measured on every unit of every class's sample: it
+       projects the class, and every other candidate is compared with it on the same units.
+    2. `time_budget_s` is shared among the classes (`class_shares`: a floor, the rest by
+       the bytes the reference saves on each). In each class, a pilot of PILOT_BYTES per
+       candidate, cheapest first; a candidate whose pilot would overrun the class's share
+       (judged by its cost per byte on earlier classes) is not measured. With a loose
+       `decode_budget_s` (or none) the densest candidates go first, else the cheapest.
+       The rest of the share then extends the pairs in rounds (`_extend`).
+    3. Each estimate is the reference's projection times the candidate's size over the
+       reference's on the same units (`_project`), so a slow candidate's small prefix is
+       not compared with the reference's whole sample.
+
+    The reference pass is the plan's floor: `time_budget_s` bounds what is measured after
+    it. Time is counted with the measurements' own numbers (and a nominal cost for dictionary
+    training), so injected measurements make plans exactly reproducible. `time_budget_s` may
+    be a function of the reference's compress seconds projected onto every class (what a
+    pack would spend compressing): it is called once the reference is measured. `spent_out`, if
+    given, receives the budget and the seconds spent; its measurements and
+    seconds from an earlier call are resumed from and count against the budget.
     """
-    pairs: list[tuple[ClassSample, Candidate, list[bytes]]] = []
-    pilot: list[Measurement] = []
+    ref = reference_of(candidates)
+    known = spent_out.totals if spent_out is not None else {}
+    ref_decode_s = 0.0
+    totals: dict[tuple[str, Candidate], Measurement] = {}
+    ref_spent = 0.0
+    ref_compress_s = 0.0
+    if ref is not None:
+        for cls in classes:
+            if cls.units:
+                m = known.get((cls.name, ref)) or measure_fn(cls.name, ref, cls.measure_units, None)
+                if (cls.name, ref) not in known:
+                    ref_spent += _cost(m)
+                totals[(cls.name, ref)] = m
+                ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
+                ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
+    budget = time_budget_s(ref_compress_s) if callable(time_budget_s) else time_budget_s
+    before = spent_out.measure_s if spent_out is not None else 0.0
     spent = 0.0
-    share = time_budget_s / max(len(classes), 1)
+    # A class's share goes by the bytes the reference saves on it: measuring 20 codecs on a
+    # class of PNGs (5% saved) buys little, on a class of sources (75% saved) a lot.
+    weights = []
     for cls in classes:
-        _train_dictionary(cls, candidates)
-        class_spent = 0.0
-        for cand in sorted(candidates, key=lambda c: (cost_rank(c), str(c))):
-            if cand == NONE or (cand.use_dict and cls.dictionary is None):
-                continue
-            if class_spent > share:
-                # The pilots of this class's cheaper candidates used up its share of the
-                # budget: costlier ones would take longer still, so they are not candidates.
-                log.debug("%s: %s not profiled (time budget)", cls.name, cand)
+        rm = totals.get((cls.name, ref)) if ref is not None else None
+        saved = 1.0 - rm.stored_bytes / rm.raw_bytes if rm is not None and rm.raw_bytes else 1.0
+        weights.append(int(cls.total_bytes * saved))
+    shares = class_shares(weights, max(budget - before, 0.0))
+    seen: dict[Candidate, list[float]] = {}  # cost per raw byte of earlier pilots
+    # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
+    # ratio decides: the densest candidates a class can afford are measured first (with a
+    # dictionary first for classes that have one). Under a tight budget, the fastest.
+    dense = decode_budget_s is None or decode_budget_s >= 2 * ref_decode_s
+    order = sorted(
+        candidates,
+        key=lambda c: (not c.use_dict, -cost_rank(c), str(c)) if dense else (cost_rank(c), str(c)),
+    )
+    for cls, share in zip(classes, shares, strict=True):
+        class_spent = _train_dictionary(cls, candidates, measure_fn, share) if share > 0 else 0.0
+        pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
+        for cand in order:
+            if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
                 continue
             # Dictionary candidates are measured on the units the dictionary was not trained
             # on (the odd ones), or the estimate would flatter them.
-            units = cls.units[1::2] if cand.use_dict else cls.units
-            m = measure_fn(cls.name, cand, units[: _prefix(units, 0, PILOT_BYTES)], cls.dictionary)
-            pairs.append((cls, cand, units))
-            pilot.append(m)
+            units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
+            pilot = units[: _prefix(units, 0, PILOT_BYTES)]
+            if not pilot:
+                continue
+            if (cls.name, cand) in known:  # measured by an earlier call: resume from it
+                pairs.append((cand, units, known[(cls.name, cand)]))
+                continue
+            rates = seen.get(cand)
+            rate = sorted(rates)[len(rates) // 2] if rates else 0.0
+            # Until a class has shown its cost, a nominal one (a codec that only probes an
+            # incompressible class costs next to nothing, and would mislead the next class).
+            rate = max(rate, cost_rank(cand) * NOMINAL_S_PER_BYTE)
+            guess = rate * sum(len(u) for u in pilot)
+            if (pairs or ref is not None) and (share <= 0 or class_spent + guess > share):
+                # Its pilot would take more than this class has left: costlier candidates
+                # are not measured on this class.
+                log.debug("%s: %s not profiled (time budget)", cls.name, cand)
+                continue
+            m = measure_fn(cls.name, cand, pilot, cls.dictionary)
+            seen.setdefault(cand, []).append(_cost(m) / max(m.raw_bytes, 1))
             class_spent += _cost(m)
-        spent += class_spent
-    rates = [_cost(m) / max(m.raw_bytes, 1) for m in pilot]
-    rooms = [
-        sum(len(u) for u in units) - m.raw_bytes
-        for (_, _, units), m in zip(pairs, pilot, strict=True)
-    ]
-    extra = _waterfill_time(rates, rooms, max(time_budget_s - spent, 0.0))
-    totals: dict[tuple[str, Candidate], Measurement] = {}
-    for (cls, cand, units), m, more in zip(pairs, pilot, extra, strict=True):
-        if more > 0:
-            m = m + measure_fn(
-                cls.name, cand, units[m.units : _prefix(units, m.units, more)], cls.dictionary
-            )
-        totals[(cls.name, cand)] = m
-    return [_project(cls, candidates, totals) for cls in classes]
+            pairs.append((cand, units, m))
+        extended = _extend(cls, pairs, share - class_spent, measure_fn)
+        for cand, m in extended:
+            totals[(cls.name, cand)] = m
+        spent += class_spent + sum(
+            _cost(m) - _cost(p) for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
+        )
+    if spent_out is not None:
+        spent_out.budget_s = budget
+        spent_out.measure_s += spent
+        spent_out.reference_s += ref_spent
+        spent_out.totals = totals
+    return [_project(cls, candidates, totals, ref) for cls in classes]
+
+
+def _extend(
+    cls: ClassSample,
+    pairs: list[tuple[Candidate, list[bytes], Measurement]],
+    seconds: float,
+    measure_fn: MeasureFn,
+) -> list[tuple[Candidate, Measurement]]:
+    """Extend every pair's measurement over more of its units within `seconds`, in rounds:
+    each round offers every pair as many more bytes as it has seen (cheapest pairs first),
+    cut to what its cost so far says fits in the time left. A pilot's cost per byte can be
+    far off on a mixed class (a JPEG probe is cheap, the text after it is not), so the rate
+    is re-estimated after every step instead of planned once."""
+    done = [m for _, _, m in pairs]
+    left = seconds
+    grew = True
+    while grew and left > 0:
+        grew = False
+        for i, (cand, units, _) in enumerate(pairs):
+            m = done[i]
+            if m.units >= len(units) or left <= 0:
+                continue
+            rate = _cost(m) / max(m.raw_bytes, 1)
+            want = max(m.raw_bytes, PILOT_BYTES)
+            if rate > 0:
+                want = min(want, int(left / rate))
+            end = _prefix(units, m.units, want) if want > 0 else m.units
+            if rate > 0 and rate * sum(len(u) for u in units[m.units : end]) > left:
+                end -= 1  # the last unit would overrun: leave it
+            if end <= m.units:
+                continue
+            more = measure_fn(cls.name, cand, units[m.units : end], cls.dictionary)
+            left -= _cost(more)
+            done[i] = m + more
+            grew = True
+    return [(cand, m) for (cand, _, _), m in zip(pairs, done, strict=True)]
 
 
 def _cost(m: Measurement) -> float:
@@ -296,13 +433,49 @@ def _cost(m: Measurement) -> float:
     return m.compress_s + DECODE_PASSES * m.decode_s + m.overhead_s
 
 
-def _train_dictionary(cls: ClassSample, candidates: Sequence[Candidate]) -> None:
-    if cls.dictionary is not None or not any(c.use_dict for c in candidates):
-        return
+def _train_dictionary(
+    cls: ClassSample, candidates: Sequence[Candidate], measure_fn: MeasureFn, share: float
+) -> float:
+    """Train the class's dictionary, its size chosen by measurement; returns the seconds it
+    counts against the time budget.
+
+    One dictionary per size in DICT_SIZES that the training set (the even units, at most
+    DICT_TRAIN_MAX_BYTES) is at least four times as large as (or one of a quarter of the
+    training set when it is smaller than all of them); each is measured with the
+    first dictionary candidate's codec on a pilot of the odd units, and the one that makes
+    the class smallest, its own bytes included, is kept.
+    """
+    users = sorted((c for c in candidates if c.use_dict), key=lambda c: (cost_rank(c), str(c)))
+    if cls.dictionary is not None or not users or not cls.units:
+        return 0.0
     if cls.median_unit > DICT_MAX_OBJECT_BYTES or looks_incompressible(b"".join(cls.units[:16])):
-        return
+        return 0.0
     train = cls.units[0::2]
-    cls.dictionary = train_dictionary(train[: _prefix(train, 0, DICT_TRAIN_MAX_BYTES)])
+    train = train[: _prefix(train, 0, DICT_TRAIN_MAX_BYTES)]
+    train_bytes = sum(len(u) for u in train)
+    test = cls.measure_units[1::2]
+    test = test[: _prefix(test, 0, 4 * PILOT_BYTES)]
+    test_bytes = sum(len(u) for u in test)
+    sizes = [d for d in DICT_SIZES if 4 * d <= train_bytes] or [dictionary_size(train_bytes)]
+    spent = 0.0
+    best: tuple[float, bytes] | None = None
+    for size in sizes:
+        if best is not None and spent > share / 2:
+            break  # the class's share of the budget: keep the sizes measured so far
+        spent += train_bytes * DICT_TRAIN_S_PER_BYTE
+        dictionary = train_dictionary(train, size)
+        if dictionary is None or not test_bytes:
+            continue
+        if len(sizes) == 1:
+            best = (0.0, dictionary)
+            break
+        m = measure_fn(cls.name, users[0], test, dictionary)
+        spent += _cost(m)
+        projected = m.stored_bytes * cls.total_bytes / max(m.raw_bytes, 1) + len(dictionary)
+        if best is None or projected < best[0]:
+            best = (projected, dictionary)
+    cls.dictionary = best[1] if best else None
+    return spent
 
 
 def cost_rank(cand: Candidate) -> float:
@@ -322,28 +495,58 @@ def cost_rank(cand: Candidate) -> float:
     return 20.0
 
 
+def _paired(cand: Candidate, m: Measurement, ref_m: Measurement | None) -> tuple[float, bool]:
+    """(the candidate's stored bytes over the reference's on the same units, whether it was
+    shown to be smaller by WIN_SIGMAS standard errors); (nan, True) when not comparable."""
+    if ref_m is None or not m.unit_stored or not ref_m.unit_stored:
+        return math.nan, True
+    ref_units = ref_m.unit_stored[1::2] if cand.use_dict else ref_m.unit_stored
+    n = len(m.unit_stored)
+    if len(ref_units) < n:
+        return math.nan, True
+    ref_sum = sum(ref_units[:n])
+    if ref_sum <= 0 or ref_sum >= m.raw_bytes:
+        # The reference stored these units raw: nothing to compare a codec with on them.
+        return math.nan, True
+    diffs = [c - r for c, r in zip(m.unit_stored, ref_units[:n], strict=True)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.inf
+    wins = mean < 0 and (var == 0 or -mean > WIN_SIGMAS * math.sqrt(var / n))
+    return sum(m.unit_stored) / ref_sum, wins
+
+
 def _project(
     cls: ClassSample,
     candidates: Sequence[Candidate],
     totals: dict[tuple[str, Candidate], Measurement],
+    ref: Candidate | None,
 ) -> ClassProfile:
-    estimates = [
-        Estimate(NONE, cls.total_bytes, 0.0, 0.0, len(cls.units), sum(len(u) for u in cls.units))
-    ]
+    units = cls.measure_units
+    estimates = [Estimate(NONE, cls.total_bytes, 0.0, 0.0, len(units), sum(len(u) for u in units))]
+    ref_m = totals.get((cls.name, ref)) if ref is not None else None
+    ref_rate = ref_m.decode_s / ref_m.raw_bytes if ref_m and ref_m.raw_bytes else math.inf
     for cand in candidates:
         m = totals.get((cls.name, cand))
         if m is None or m.raw_bytes == 0:
             continue
         scale = cls.total_bytes / m.raw_bytes
+        stored = m.stored_bytes * scale
+        loses = False
+        if ref_m is not None and cand != ref:
+            rel, wins = _paired(cand, m, ref_m)
+            if not math.isnan(rel):
+                stored = ref_m.stored_bytes * cls.total_bytes / ref_m.raw_bytes * rel
+            loses = not wins and m.decode_s / m.raw_bytes >= ref_rate
         extra = len(cls.dictionary) if cand.use_dict and cls.dictionary else 0
         estimates.append(
             Estimate(
                 cand,
-                min(int(round(m.stored_bytes * scale)), cls.total_bytes) + extra,
+                min(int(round(stored)), cls.total_bytes) + extra,
                 m.decode_s * scale,
                 m.compress_s * scale,
                 m.units,
                 m.raw_bytes,
+                loses,
             )
         )
     return ClassProfile(cls.name, cls.files, cls.total_bytes, estimates, cls.dictionary)

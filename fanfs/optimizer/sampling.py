@@ -17,6 +17,18 @@ from fanfs.optimizer.classes import FileRef, build_classes, class_of
 # Every class gets at least this share of the sample budget whatever its size, so small
 # classes (annotations) are still measured on more than a handful of objects.
 FLOOR_SHARE: Final = 0.25
+# A class whose typical (median) file is larger than this gets no dictionary candidate: a
+# dictionary only supplies context to the first KiBs of an object.
+DICT_MAX_OBJECT_BYTES: Final = 32 * 1024
+# A class of small files (a dictionary candidate) is sampled up to this much whatever the
+# sample budget: half of it trains the dictionary, half measures it, and a dictionary trained
+# on 4 MiB is 1-7% better than one trained on 1 MiB on real sources (docs/benchmarks.md).
+# Reading it costs a few hundred files per MiB; what the measurements cost is bounded by the
+# time budget, not by the sample.
+DICT_SAMPLE_BYTES: Final = 8 * 1024 * 1024
+# ... and at most this many files: reading a file costs its latency (0.1-0.2 ms here),
+# which the plan's time budget counts.
+DICT_SAMPLE_UNITS: Final = 2048
 
 
 @dataclass(slots=True)
@@ -36,6 +48,13 @@ class ClassSample:
     units: list[bytes] = field(default_factory=list)
     median_unit: int = 0
     dictionary: bytes | None = None
+    measured: int = -1  # the first units that candidates are measured on (-1: all of them)
+
+    @property
+    def measure_units(self) -> list[bytes]:
+        """The units candidates are measured on: the class's share of the sample budget (the
+        units read beyond it, for a dictionary's training set, only train)."""
+        return self.units if self.measured < 0 else self.units[: self.measured]
 
 
 def _allocate(sizes: list[int], budget: int) -> list[int]:
@@ -142,8 +161,19 @@ def sample_classes(
     wants = _allocate([c.total_bytes for c in classes], sample_bytes)
     reads: list[tuple[int, float]] = []
     for cls, want in zip(classes, wants, strict=True):
+        sizes = [f.size for f in members[cls.name]]
+        read = want
+        if sizes and float(np.median(sizes)) <= DICT_MAX_OBJECT_BYTES:
+            read = max(want, min(cls.total_bytes, DICT_SAMPLE_BYTES))
         rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
-        for f, k, length in _pick_units(members[cls.name], chunk_size, want, rng):
+        got = 0
+        for f, k, length in _pick_units(members[cls.name], chunk_size, read, rng):
+            if read > want and got >= want:
+                if cls.measured < 0:
+                    cls.measured = len(cls.units)
+                if len(cls.units) >= DICT_SAMPLE_UNITS:
+                    break
+            got += length
             data, seconds = reader(f.path, k * chunk_size, length)
             if len(data) != length:
                 raise OSError(

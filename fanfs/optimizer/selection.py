@@ -133,8 +133,10 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
     out = []
     for prof in profiles:
         # On a tie, none first: an incompressible class is stored raw and costs no decode.
+        # A candidate that loses to the reference (no faster, not shown smaller on the same
+        # units) is never an option: the default codec is never replaced by a worse one.
         ests = sorted(
-            prof.estimates,
+            (e for e in prof.estimates if not e.loses),
             key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)),
         )
         kept: list[Estimate] = []

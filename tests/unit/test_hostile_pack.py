@@ -272,15 +272,15 @@ def test_a_malformed_plan_record_is_named_by_inspect_not_trusted(
 def test_a_dictionary_larger_than_any_fanfs_writes_is_refused(
     image: PackImage, forged: Path, mountpoint: Path
 ) -> None:
-    image.columns["dicts"] = np.zeros(200_000, dtype=np.uint8)
+    image.columns["dicts"] = np.zeros(1_100_000, dtype=np.uint8)
     image.manifest["dictionaries"] = [
-        {"id": 1, "offset": 0, "size": 200_000, "crc32": 0, "class": "x"}
+        {"id": 1, "offset": 0, "size": 1_100_000, "crc32": 0, "class": "x"}
     ]
     image.save(forged)
     assert_refused(
         forged,
         mountpoint,
-        "manifest field dictionaries[0].size is 200000, expected an integer in 1..114688",
+        "manifest field dictionaries[0].size is 1100000, expected an integer in 1..1048576",
     )
 
 

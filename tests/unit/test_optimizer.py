@@ -10,6 +10,7 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +20,13 @@ from fanfs.optimizer import (
     FALLBACK_CLASS,
     MAX_CLASSES,
     NONE,
+    REFERENCE,
     Candidate,
     ClassProfile,
+    ClassSample,
     Estimate,
     FileRef,
+    MeasureFn,
     Measurement,
     Objective,
     PlanSettings,
@@ -35,6 +39,7 @@ from fanfs.optimizer import (
     measure,
     parse_candidates,
     plan_record,
+    profile,
     select,
     solve_mckp,
 )
@@ -205,15 +210,16 @@ def test_fit_read_model() -> None:
 
 
 def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The decode passes are timed with the thread's CPU clock, never the wall clock, and the
-    # fastest pass is kept: a pass the machine's other work slowed down does not count. The
-    # result is scaled by the cold-cache factor.
+    # Compression and the decode passes are timed with the thread's CPU clock, never the
+    # wall clock, and the fastest decode pass is kept: a pass the machine's other work slowed
+    # down does not count. The result is scaled by the cold-cache factor.
     import fanfs.optimizer.measurement as optimizer
 
-    cpu = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # passes of 5, 2 and 3 s
+    # compression 0 -> 0.5, decode passes of 5, 2 and 3 s, then the cold-factor timing
+    cpu = iter([0.0, 0.5, 0.0, 5.0, 10.0, 12.0, 20.0, 23.0, 30.0, 30.0])
 
     class Clock:
-        perf_counter = staticmethod(lambda: 0.0)  # compression: wall clock, here always 0
+        perf_counter = staticmethod(lambda: 0.0)
         thread_time = staticmethod(lambda: next(cpu))
 
     monkeypatch.setattr(optimizer, "time", Clock)
@@ -225,9 +231,10 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
     m = optimizer.measure("c", ZSTD3, units, None)
     assert m.decode_s == 3.0
     assert factors == [2]  # on the coded units (up to COLD_UNITS of them)
-    assert m.compress_s == 0.0
+    assert m.compress_s == 0.5
     assert (m.units, m.raw_bytes) == (2, 9000)
     assert 0 < m.stored_bytes < 9000
+    assert m.unit_stored == tuple(len(optimizer.compress_object(u, ZSTD3.spec)[1]) for u in units)
     assert next(cpu, None) is None  # DECODE_PASSES passes, each timed once
 
 
@@ -455,6 +462,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     from fanfs.pack import walk_tree
 
+    kw.setdefault("time_budget_s", 60.0)
     settings = PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw
     )  # type: ignore[arg-type]
@@ -586,3 +594,158 @@ def test_pack_auto_impossible_writes_nothing(tree: Path, tmp_path: Path) -> None
     assert "class" in result.stdout
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a losing candidate is never chosen over the reference (injected measurements) ------------
+
+EASY, HARD = b"e" * 65536, b"h" * 65536
+
+
+def _losing_sample() -> ClassSample:
+    # The sample's first units (what a slow candidate's pilot sees) are easy; the rest is hard.
+    units = [EASY, EASY] + [HARD] * 40
+    return ClassSample("c/*.bin", files=420, total_bytes=420 * 65536, units=units)
+
+
+def _unit_measure(
+    stored: dict[str, dict[bytes, int]], cost_per_byte: dict[str, float], decode_per_byte: float
+) -> MeasureFn:
+    def fn(name: str, cand: Candidate, units: Sequence[bytes], dic: bytes | None) -> Measurement:
+        sizes = tuple(stored[str(cand)][u] for u in units)
+        raw = sum(len(u) for u in units)
+        return Measurement(
+            len(units),
+            raw,
+            sum(sizes),
+            raw * decode_per_byte,
+            raw * cost_per_byte[str(cand)],
+            0.0,
+            sizes,
+        )
+
+    return fn
+
+
+def test_a_candidate_seen_only_on_easy_units_is_compared_on_those_units() -> None:
+    # zstd:19 is 10% larger than zstd:3 on every unit, and so costly that the time budget
+    # lets it see only its pilot: the two easy units. Projected from them alone, as before
+    # (its bytes over its sample times the class), it looked 25 times smaller than zstd:3
+    # and was chosen; compared on the same two units it is larger, and no faster: it loses.
+    fn = _unit_measure(
+        {"zstd:3": {EASY: 1000, HARD: 32768}, "zstd:19": {EASY: 1100, HARD: 36000}},
+        {"zstd:3": 1e-9, "zstd:19": 1e-5},
+        1e-9,
+    )
+    [prof] = profile(
+        [_losing_sample()], [NONE, REFERENCE, ZSTD19], time_budget_s=1.5, measure_fn=fn
+    )
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19"].sample_units == 2  # its pilot only
+    assert by["zstd:19"].stored_bytes == pytest.approx(by["zstd:3"].stored_bytes * 1.1, rel=1e-6)
+    assert by["zstd:19"].loses and not by["zstd:3"].loses
+    for objective in (Objective("sync", 1e9), Objective("capacity", None, 10**12)):
+        sel = select([prof], objective)
+        assert str(sel.choices[0].candidate) == ("zstd:3" if objective.mode == "sync" else "none")
+
+
+def test_a_candidate_not_shown_smaller_than_the_reference_loses() -> None:
+    # zstd:19 is smaller on half the units and larger on the others: on average 0.3% smaller,
+    # well within the noise of 42 units. It is no faster, so it is not an option.
+    units = [bytes([i]) * 65536 for i in range(42)]
+    ref = {u: 30000 for u in units}
+    alt = {u: 30000 + (-2000 if i % 2 else 1900) for i, u in enumerate(units)}
+    fn = _unit_measure({"zstd:3": ref, "zstd:19": alt}, {"zstd:3": 1e-9, "zstd:19": 1e-9}, 1e-9)
+    cls = ClassSample("c/*.bin", files=42, total_bytes=42 * 65536, units=units)
+    [prof] = profile([cls], [NONE, REFERENCE, ZSTD19], time_budget_s=100.0, measure_fn=fn)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19"].sample_units == 42
+    assert by["zstd:19"].stored_bytes < by["zstd:3"].stored_bytes
+    assert by["zstd:19"].loses
+    sel = select([prof], Objective("sync", 1e9))
+    assert str(sel.choices[0].candidate) == "zstd:3"
+    # Consistently smaller on every unit: it wins.
+    alt = {u: 29000 for u in units}
+    fn = _unit_measure({"zstd:3": ref, "zstd:19": alt}, {"zstd:3": 1e-9, "zstd:19": 1e-9}, 1e-9)
+    cls = ClassSample("c/*.bin", files=42, total_bytes=42 * 65536, units=units)
+    [prof] = profile([cls], [NONE, REFERENCE, ZSTD19], time_budget_s=100.0, measure_fn=fn)
+    assert str(select([prof], Objective("sync", 1e9)).choices[0].candidate) == "zstd:19"
+
+
+def test_a_faster_larger_candidate_stays_an_option() -> None:
+    # lz4 is larger than zstd:3 but decodes faster: under a tight budget it is the choice.
+    units = [bytes([i]) * 65536 for i in range(8)]
+    fn = _unit_measure(
+        {"zstd:3": {u: 20000 for u in units}, "lz4": {u: 30000 for u in units}},
+        {"zstd:3": 1e-9, "lz4": 1e-9},
+        1e-9,
+    )
+
+    def decode_fast(
+        name: str, cand: Candidate, us: Sequence[bytes], dic: bytes | None
+    ) -> Measurement:
+        m = fn(name, cand, us, dic)
+        if str(cand) == "lz4":
+            return Measurement(
+                m.units,
+                m.raw_bytes,
+                m.stored_bytes,
+                m.decode_s / 4,
+                m.compress_s,
+                0.0,
+                m.unit_stored,
+            )
+        return m
+
+    cls = ClassSample("c/*.bin", files=8, total_bytes=8 * 65536, units=units)
+    [prof] = profile([cls], [NONE, REFERENCE, LZ4], time_budget_s=100.0, measure_fn=decode_fast)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert not by["lz4"].loses
+    zstd_s = by["zstd:3"].decode_s
+    assert str(select([prof], Objective("sync", zstd_s / 2)).choices[0].candidate) == "lz4"
+
+
+def test_profiling_takes_its_share_of_the_predicted_pack_time(tree: Path) -> None:
+    # Without --time-budget the budget is plan_share of the predicted pack time (every file
+    # read by the read model, the reference's compress time over the jobs), less the sample
+    # reading; what profiling spends stays within it (a pilot's misestimate aside).
+    record: dict[str, Any] = _plan(tree, seed=1, time_budget_s=None, plan_share=0.25, jobs=2)
+    settings, sample = record["settings"], record["sample"]
+    assert settings["plan_share"] == 0.25 and settings["jobs"] == 2
+    predicted = sample["predicted_pack_s"]
+    assert predicted > 0
+    assert settings["time_budget_s"] <= 0.25 * predicted + 1e-3
+    if settings["time_budget_s"] == 0:  # the sample reading used it all: the reference only
+        for row in record["classes"]:
+            assert {c["codec"] for c in row["candidates"]} <= {"none", "zstd:3"}
+    bigger: dict[str, Any] = _plan(tree, seed=1, time_budget_s=None, plan_share=1.0, jobs=2)
+    assert bigger["settings"]["time_budget_s"] > settings["time_budget_s"]
+    assert _plan(tree, seed=1, time_budget_s=None, plan_share=0.25, jobs=2) == record
+
+
+@pytest.mark.parametrize(
+    ("decode_budget", "first"), [(None, "zstd:19"), (1e9, "zstd:19"), (0.0, "lz4")]
+)
+def test_a_loose_decode_budget_measures_the_densest_candidates_first(
+    decode_budget: float | None, first: str
+) -> None:
+    # Time for one pilot beyond the reference: under a loose (or no) decode budget it goes to
+    # the densest candidate, under a tight one to the fastest.
+    from fanfs.optimizer.measurement import NOMINAL_S_PER_BYTE, PILOT_BYTES
+
+    units = [bytes([i]) * (PILOT_BYTES // 2) for i in range(8)]
+    sizes = {"zstd:3": 20000, "zstd:19": 15000, "lz4": 30000}
+    fn = _unit_measure(
+        {k: {u: v for u in units} for k, v in sizes.items()},
+        {"zstd:3": 1e-9, "zstd:19": 3e-7, "lz4": 3e-7},
+        1e-9,
+    )
+    cls = ClassSample("c/*.bin", files=8, total_bytes=8 * PILOT_BYTES // 2, units=units)
+    pilot_s = 3e-7 * PILOT_BYTES  # one pilot; the other's nominal cost does not fit after it
+    [prof] = profile(
+        [cls],
+        [NONE, REFERENCE, ZSTD19, LZ4],
+        time_budget_s=pilot_s + NOMINAL_S_PER_BYTE * PILOT_BYTES / 2,
+        measure_fn=fn,
+        decode_budget_s=decode_budget,
+    )
+    assert {str(e.candidate) for e in prof.estimates} == {"none", "zstd:3", first}

@@ -1,0 +1,472 @@
+"""fanfs against squashfs and tar on a real mixed dataset built from Debian and PyPI packages.
+
+    .venv/bin/python tools/bench_realdata.py [--cache /var/tmp/fanfs-realdata] [--quick]
+        [--systems default,auto-sync,auto-prefetch,auto-capacity,squashfs-zstd,squashfs-xz,tar-zstd]
+        [--per-class auto-sync,auto-capacity] [--keep]
+
+The dataset: package archives fetched with `apt-get download` (Debian) and `pip download`
+(PyPI wheels), cached under `--cache`/archives, unpacked into `--cache`/tree-full (or
+tree-quick), one top-level directory per package. Nothing is committed. It mixes real images
+(wallpapers, clip art, GIMP patterns and brushes, JPEG XL test images as PNG/JPEG/PPM),
+numeric arrays (ESO-MIDAS FITS test data, PyTables HDF5, DICOM from pydicom, NIfTI from
+nibabel, ONNX tensors, seismic waveforms from obspy, astropy and scikit-image test data) and
+many small text files (Python, Go and Perl sources, HTML docs, botocore's JSON models, Django, sympy,
+ISO codes, word lists). The full set is about 1 GB, 60 k files; `--quick` about 150 MB.
+
+Prints one markdown table (pack, ratio, size, time), the per-class ratios of each fanfs pack
+(realised, from the pack itself), and with `--per-class PACKS` each coded class's decode through
+the mount against the plan's prediction: one reader, each class read twice on a fresh mount
+with the page cache dropped per file, READ service time over the raw (`--codec none`) pack's.
+
+Systems:
+- default: `fanfs pack` (zstd:3)
+- auto-sync: `--codec auto` (sync mode, the default budget)
+- auto-prefetch: `--codec auto --mode prefetch --target-rate 2000` (decode hidden on idle cores)
+- auto-capacity: `--codec auto --mode prefetch --target-rate 500`, the capacity-leaning plan:
+  a loader consuming 500 files/s leaves the cores time for slow, dense codecs
+- auto-capacity-60s: the same with `--time-budget 60` (what more profiling buys)
+- squashfs-zstd, squashfs-xz: `mksquashfs -comp zstd|xz` (defaults: zstd level 15, 128 KiB blocks)
+- tar-zstd: `tar c | zstd -3 -T0` (a solid archive: no random access)
+
+Results: `--cache`/results-<time>.json and the tables on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tools")]
+import bench_codecs  # noqa: E402  (its fresh-mount helper: read-ahead and caches off)
+
+FANFS = [sys.executable, "-m", "fanfs"]
+CORES = os.cpu_count() or 1
+
+# Debian bookworm packages: (name, what it brings).
+DEBS_FULL = (
+    ("gnome-backgrounds", "JPEG/PNG wallpapers"),
+    ("desktop-base", "PNG/SVG artwork"),
+    ("openclipart-png", "PNG clip art, 10 k files"),
+    ("gimp-data", "PNG patterns, brushes (raw pixels), scripts"),
+    ("libjxl-testdata", "PNG/JPEG/PPM/PFM test images"),
+    ("eso-midas-testdata", "FITS images and tables"),
+    ("python-tables-data", "HDF5 test files"),
+    ("python3-pydicom", "DICOM test files"),
+    ("python3-nibabel", "NIfTI and other neuroimaging test data"),
+    ("libonnx-testdata", "ONNX tensors (protobuf)"),
+    ("python3.11-doc", "HTML documentation"),
+    ("libpython3.11-stdlib", "Python sources"),
+    ("python3-botocore", "JSON service models"),
+    ("python3-django", "Python sources, translations"),
+    ("python3-sympy", "Python sources"),
+    ("python3-scipy", "Python sources, test arrays (.mat, .npz, .npy)"),
+    ("golang-1.19-src", "Go sources, 10 k small files"),
+    ("perl-modules-5.36", "Perl modules and POD"),
+    ("ruby3.1-doc", "HTML documentation"),
+    ("tzdata", "small binary time-zone files"),
+    ("iso-codes", "JSON, translations"),
+    ("wbritish-insane", "word list"),
+    ("wamerican-huge", "word list"),
+)
+# PyPI wheels (pinned): test data shipped inside the packages.
+WHEELS_FULL = (
+    ("obspy==1.5.1", "seismic waveforms (MiniSEED, SAC, GSE2...)"),
+    ("scikit-image==0.26.0", "sample images and arrays"),
+    ("astropy==8.0.2", "FITS, VOTable, ASDF test data"),
+    ("pydicom==2.4.4", "DICOM test files"),
+)
+DEBS_QUICK = (
+    "desktop-base",
+    "python3-pydicom",
+    "python3-nibabel",
+    "libonnx-testdata",
+    "python3.11-doc",
+    "iso-codes",
+    "wamerican-huge",
+)
+WHEELS_QUICK = ("pydicom==2.4.4",)
+
+SYSTEMS = (
+    "default",
+    "auto-sync",
+    "auto-prefetch",
+    "auto-capacity",
+    "auto-capacity-60s",
+    "squashfs-zstd",
+    "squashfs-xz",
+    "tar-zstd",
+)
+AUTO_ARGS = {
+    "auto-sync": ["--codec", "auto"],
+    "auto-prefetch": ["--codec", "auto", "--mode", "prefetch", "--target-rate", "2000"],
+    "auto-capacity": ["--codec", "auto", "--mode", "prefetch", "--target-rate", "500"],
+    # the same with 60 s of profiling instead of the default share of the pack time
+    "auto-capacity-60s": [
+        "--codec",
+        "auto",
+        "--mode",
+        "prefetch",
+        "--target-rate",
+        "500",
+        "--time-budget",
+        "60",
+    ],
+}
+
+
+def log(msg: str, *args: object) -> None:
+    print("[%s] %s" % (time.strftime("%H:%M:%S"), msg % args), file=sys.stderr, flush=True)
+
+
+# --- the dataset --------------------------------------------------------------------------------
+
+
+def _fetch_debs(names: list[str], archives: Path) -> dict[str, Path]:
+    archives.mkdir(parents=True, exist_ok=True)
+
+    def found(name: str) -> Path | None:
+        hits = sorted(archives.glob("%s_*.deb" % name))
+        return hits[-1] if hits else None
+
+    missing = [n for n in names if found(n) is None]
+    if missing:
+        log("apt-get download %s", " ".join(missing))
+        subprocess.run(["apt-get", "download", *missing], cwd=archives, check=True)
+    out = {}
+    for n in names:
+        path = found(n)
+        if path is None:
+            raise SystemExit("bench_realdata: apt-get download gave no archive for %s" % n)
+        out[n] = path
+    return out
+
+
+def _fetch_wheels(reqs: list[str], archives: Path) -> dict[str, Path]:
+    archives.mkdir(parents=True, exist_ok=True)
+
+    def found(req: str) -> Path | None:
+        name, _, version = req.partition("==")
+        stem = name.replace("-", "_").lower()
+        hits = [
+            p
+            for p in archives.glob("*.whl")
+            if p.name.lower().startswith("%s-%s-" % (stem, version))
+        ]
+        return sorted(hits)[-1] if hits else None
+
+    missing = [r for r in reqs if found(r) is None]
+    if missing:
+        log("pip download %s", " ".join(missing))
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "-d",
+                str(archives),
+                *missing,
+            ],
+            check=True,
+        )
+    out = {}
+    for r in reqs:
+        path = found(r)
+        if path is None:
+            raise SystemExit("bench_realdata: pip download gave no wheel for %s" % r)
+        out[r.partition("==")[0]] = path
+    return out
+
+
+def build_dataset(cache: Path, quick: bool) -> Path:
+    """Fetch (once) and unpack (once) the packages; returns the tree."""
+    debs = list(DEBS_QUICK) if quick else [n for n, _ in DEBS_FULL]
+    wheels = list(WHEELS_QUICK) if quick else [r for r, _ in WHEELS_FULL]
+    tree = cache / ("tree-quick" if quick else "tree-full")
+    stamp = tree / ".complete"
+    wanted = "\n".join(sorted(debs + wheels))
+    if stamp.exists() and stamp.read_text() == wanted:
+        return tree
+    deb_files = _fetch_debs(debs, cache / "archives" / "deb")
+    wheel_files = _fetch_wheels(wheels, cache / "archives" / "pypi")
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    for name, path in deb_files.items():
+        log("unpack %s", path.name)
+        subprocess.run(["dpkg-deb", "-x", str(path), str(tree / name)], check=True)
+    for name, path in wheel_files.items():
+        log("unpack %s", path.name)
+        with zipfile.ZipFile(path) as z:
+            z.extractall(tree / ("pypi-" + name))
+    # Symlinks and empty files stay (real trees have them); only regular files count below.
+    stamp.write_text(wanted)
+    (tree / ".complete").chmod(0o644)
+    return tree
+
+
+def tree_stats(tree: Path) -> tuple[int, int]:
+    files = size = 0
+    for root, _, names in os.walk(tree):
+        for n in names:
+            p = os.path.join(root, n)
+            st = os.lstat(p)
+            if os.path.isfile(p) and not os.path.islink(p):
+                files += 1
+                size += st.st_size
+    return files, size
+
+
+# --- packing ------------------------------------------------------------------------------------
+
+
+def _timed(cmd: list[str], log_path: Path, **kw: Any) -> float:
+    t0 = time.perf_counter()
+    with open(log_path, "ab") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=True, **kw)
+    return time.perf_counter() - t0
+
+
+def _du(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def run_system(name: str, tree: Path, work: Path) -> dict[str, Any]:
+    """Pack `tree` with `name`; returns bytes, seconds and (fanfs) the pack's path."""
+    logp = work / ("%s.log" % name)
+    logp.unlink(missing_ok=True)
+    src = str(tree)
+    if name == "default" or name in AUTO_ARGS or name == "none":
+        out = work / ("%s.fan" % name)
+        if out.exists():
+            shutil.rmtree(out)
+        codec = AUTO_ARGS.get(name, ["--codec", "none"] if name == "none" else [])
+        cmd = [*FANFS, "pack", "-j", str(CORES), "--skip-unreadable", src, str(out), *codec]
+        seconds = _timed(cmd, logp)
+        return {"bytes": _du(out), "seconds": seconds, "path": str(out)}
+    if name.startswith("squashfs-"):
+        out = work / ("%s.sqfs" % name)
+        out.unlink(missing_ok=True)
+        comp = name.split("-", 1)[1]
+        cmd = ["mksquashfs", src, str(out), "-comp", comp, "-processors", str(CORES)]
+        seconds = _timed([*cmd, "-no-progress", "-quiet"], logp)
+        return {"bytes": _du(out), "seconds": seconds}
+    if name == "tar-zstd":
+        out = work / "tar-zstd.tar.zst"
+        cmd = "tar -C %s -cf - . | zstd -3 -T0 -q -f -o %s" % (
+            _quote(src),
+            _quote(str(out)),
+        )
+        seconds = _timed(["bash", "-o", "pipefail", "-c", cmd], logp)
+        return {"bytes": _du(out), "seconds": seconds}
+    raise SystemExit("bench_realdata: unknown system %r" % name)
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def pack_summary(path: Path) -> dict[str, Any]:
+    """`fanfs inspect --json`: the plan (with each class's realised bytes) if any."""
+    out = subprocess.run(
+        [*FANFS, "inspect", "--json", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out)
+
+
+# --- decode through the mount -------------------------------------------------------------------
+
+
+def _read_ns(log_path: Path) -> float:
+    return float(bench_codecs._mount_stats(log_path)["read_ns"])
+
+
+def _read_class(mnt: Path, rels: list[bytes]) -> None:
+    for rel in rels:
+        fd = os.open(os.path.join(bytes(mnt), rel), os.O_RDONLY)
+        try:
+            while os.read(fd, 1 << 20):
+                pass
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def class_members(tree: Path, classes: list[str]) -> dict[str, list[bytes]]:
+    sys.path.insert(0, str(REPO))
+    from fanfs.optimizer import class_of
+
+    known = frozenset(classes)
+    out: dict[str, list[bytes]] = {c: [] for c in classes}
+    base = len(bytes(tree)) + 1
+    for root, _, names in os.walk(bytes(tree)):
+        for n in names:
+            p = os.path.join(root, n)
+            if os.path.isfile(p) and not os.path.islink(p) and os.access(p, os.R_OK):
+                rel = p[base:]
+                if rel == b".complete":
+                    continue
+                out.setdefault(class_of(rel, known), []).append(rel)
+    return out
+
+
+def decode_through_mount(
+    packs: dict[str, Path], raw: Path, tree: Path, plan: dict[str, Any], work: Path, passes: int
+) -> dict[str, dict[str, float]]:
+    """READ seconds per class of each pack over the raw pack's, medians of `passes` mounts."""
+    classes = [row["class"] for row in plan["classes"]]
+    members = class_members(tree, classes)
+    mnt = work / "mnt"
+    out: dict[str, dict[str, float]] = {}
+    for cls in classes:
+        if not members.get(cls):
+            continue
+        times: dict[str, list[float]] = {}
+        for _ in range(passes):
+            for name, path in [("none", raw), *packs.items()]:
+                with bench_codecs.mounted(path, mnt) as (_, log_path):
+                    _read_class(mnt, members[cls])
+                times.setdefault(name, []).append(_read_ns(log_path) / 1e9)
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        out[cls] = {k: v - med["none"] for k, v in med.items() if k != "none"}
+    return out
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _mb(n: float) -> str:
+    return "%.1f" % (n / 1e6)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache", type=Path, default=Path("/var/tmp/fanfs-realdata"))
+    ap.add_argument("--quick", action="store_true", help="a ~150 MB subset")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument(
+        "--per-class",
+        default="",
+        metavar="SYSTEMS",
+        help="auto packs (e.g. auto-sync,auto-capacity) to measure per class through the mount",
+    )
+    ap.add_argument("--passes", type=int, default=1, help="mounts per class with --per-class")
+    ap.add_argument("--keep", action="store_true", help="keep the packs")
+    args = ap.parse_args()
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
+    os.environ["PYTHONPATH"] = str(REPO)
+    tree = build_dataset(args.cache, args.quick)
+    files, size = tree_stats(tree)
+    log("dataset %s: %d files, %.1f MB", tree, files, size / 1e6)
+    work = args.cache / ("work-quick" if args.quick else "work-full")
+    work.mkdir(parents=True, exist_ok=True)
+    systems = [s for s in args.systems.split(",") if s]
+    results: dict[str, dict[str, Any]] = {}
+    for name in systems:
+        log("pack %s", name)
+        results[name] = run_system(name, tree, work)
+        log("  %s: %.1f MB in %.0f s", name, results[name]["bytes"] / 1e6, results[name]["seconds"])
+        if "path" in results[name]:
+            results[name]["inspect"] = pack_summary(Path(results[name]["path"]))
+    print("\n## Real mixed dataset: %d files, %.1f MB (%s)\n" % (files, size / 1e6, tree))
+    print("| pack | ratio (source / pack) | MB | pack s | plan s | decode budget used |")
+    print("|---|---|---|---|---|---|")
+    for name in systems:
+        r = results[name]
+        plan = (r.get("inspect") or {}).get("plan")
+        plan_s = "%.0f" % plan["sample"]["seconds"] if plan else "-"
+        used = (
+            "%.0f%%" % (100 * plan["decode_s"] / plan["budget_s"])
+            if plan and plan.get("budget_s")
+            else "-"
+        )
+        print(
+            "| %s | %.3fx | %s | %.0f | %s | %s |"
+            % (name, size / r["bytes"], _mb(r["bytes"]), r["seconds"], plan_s, used)
+        )
+    auto = [n for n in systems if n in AUTO_ARGS]
+    if auto:
+        plan0 = results[auto[0]]["inspect"]["plan"]
+        print("\n### Per class: realised ratio (codec)\n")
+        print("| class | files | MB | " + " | ".join(auto) + " |")
+        print("|---|---|---|" + "---|" * len(auto))
+        for i, row in enumerate(plan0["classes"]):
+            cells = []
+            for n in auto:
+                crow = results[n]["inspect"]["plan"]["classes"][i]
+                real = crow.get("realised") or {}
+                ratio = (
+                    real["bytes_in"] / real["bytes_out"] if real.get("bytes_out") else crow["ratio"]
+                )
+                cells.append("%.2fx %s" % (ratio, crow["codec"]))
+            print(
+                "| %s | %d | %s | %s |"
+                % (row["class"], row["files"], _mb(row["bytes"]), " | ".join(cells))
+            )
+    checked = [n for n in args.per_class.split(",") if n in auto]
+    if checked:
+        log("raw pack for the per-class decode")
+        results["none"] = run_system("none", tree, work)
+        packs = {n: Path(results[n]["path"]) for n in checked}
+        for n in checked:
+            log("per-class decode through the mount: %s", n)
+            plan = results[n]["inspect"]["plan"]
+            got = decode_through_mount(
+                {n: packs[n]}, Path(results["none"]["path"]), tree, plan, work, args.passes
+            )
+            results[n]["through_mount"] = got
+            print("\n### %s: decode per class through the mount against the plan\n" % n)
+            print("| class | codec | predicted s | measured s | measured / predicted | MB/s |")
+            print("|---|---|---|---|---|---|")
+            for row in plan["classes"]:
+                if not row["decode_s"] or row["class"] not in got:
+                    continue
+                m = got[row["class"]][n]
+                print(
+                    "| %s | %s | %.3f | %.3f | %.2f | %.0f |"
+                    % (
+                        row["class"],
+                        row["codec"],
+                        row["decode_s"],
+                        m,
+                        m / row["decode_s"],
+                        row["bytes"] / m / 1e6 if m > 0 else float("inf"),
+                    )
+                )
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    res_path = args.cache / ("results-%s.json" % stamp)
+    res_path.write_text(
+        json.dumps({"files": files, "bytes": size, "results": results}, indent=1, default=str)
+    )
+    log("results in %s", res_path)
+    if not args.keep:
+        for r in results.values():
+            p = Path(r.get("path", ""))
+            if r.get("path") and p.exists():
+                shutil.rmtree(p)
+        for p in work.glob("*.sqfs"):
+            p.unlink()
+        for p in work.glob("*.tar.zst"):
+            p.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
