@@ -61,17 +61,33 @@ def golden_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
-@pytest.mark.parametrize("name", sorted(CODECS_V3))
+# Packs whose bytes follow the dictionary trainer, which issue 14 changed on purpose (fixed
+# training parameters, the dictionary size chosen by measurement): their golden-v4 copies stay
+# as packs to read (test_format), and their repacks are checked for determinism instead.
+TRAINED = {"auto.fan", "lz4dict.fan"}
+
+
+@pytest.mark.parametrize("name", sorted(set(CODECS_V3) - TRAINED))
 def test_golden_sources_repack_to_the_golden_bytes(
     golden_src: Path, tmp_path: Path, name: str
 ) -> None:
     out = tmp_path / name
     _pack(golden_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS)
-    # An auto pack's manifest holds the timings measured while planning; the rest is exact.
-    auto = CODECS_V3[name].startswith("auto")
-    assert pack_digests(out, with_manifest=not auto) == pack_digests(
-        GOLDEN / name, with_manifest=not auto
-    )
+    assert pack_digests(out, with_manifest=True) == pack_digests(GOLDEN / name, with_manifest=True)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_trained_packs_are_the_same_bytes_every_time(
+    golden_src: Path, tmp_path: Path, name: str
+) -> None:
+    digests = []
+    for n in range(2):
+        out = tmp_path / ("%d-%s" % (n, name))
+        _pack(golden_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS)
+        # An auto pack's manifest holds the timings measured while planning.
+        digests.append(pack_digests(out, with_manifest=False))
+    assert digests[0] == digests[1]
+    assert any(key.startswith("part-") for key in digests[0])
 
 
 @pytest.fixture(scope="module")
