@@ -19,7 +19,7 @@ from typing import Final
 
 from fanfs import xattrs
 from fanfs.errors import MountSetupError, UsageError
-from fanfs.mountinfo import find_mount
+from fanfs.mountinfo import find_mount, mounts
 
 # How long to wait for the daemon to exit after the kernel has let go of the mount.
 EXIT_WAIT_S: Final = 10.0
@@ -120,7 +120,7 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
             % (mountpoint, rank, ", pid %d" % pid if pid else "")
         )
     if pid is not None and not lazy:
-        _wait_exit(pid)
+        _wait_exit(pid, mountpoint)
     return None
 
 
@@ -135,12 +135,47 @@ def _alive(pid: int) -> bool:
         raise
 
 
-def _wait_exit(pid: int) -> None:
+def _wait_exit(pid: int, mountpoint: str) -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     while time.monotonic() < deadline:
         if not _alive(pid):
             return
         time.sleep(0.02)
+    holder = _copy_elsewhere(mountpoint)
+    if holder is not None:
+        # A mount namespace made while the mount was up (unshare, a container, a job
+        # container) holds a copy of it, and a copy keeps the FUSE connection open: the
+        # daemon never learns of this unmount.
+        raise MountSetupError(
+            "unmounted here, but the mount namespace of pid %d still holds a copy of %s, which "
+            "keeps the fanfs daemon (pid %d) serving; unmount it there (nsenter -t %d -m "
+            "fanfs umount %s) or stop the daemon (kill %d)"
+            % (holder, mountpoint, pid, holder, mountpoint, pid)
+        )
     raise MountSetupError(
         "unmounted, but the fanfs daemon (pid %d) did not exit within %ds" % (pid, EXIT_WAIT_S)
     )
+
+
+def _copy_elsewhere(mountpoint: str) -> int | None:
+    """A process of another mount namespace whose table still has a fanfs mount at
+    `mountpoint` (the first found), or None."""
+    try:
+        ours = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return None
+    seen = {ours}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            ns = os.readlink("/proc/%s/ns/mnt" % name)
+            if ns in seen:
+                continue
+            seen.add(ns)
+            table = mounts("/proc/%s/mountinfo" % name)
+        except OSError:
+            continue
+        if any(m.mountpoint == mountpoint and m.fstype == "fuse.fanfs" for m in table):
+            return int(name)
+    return None

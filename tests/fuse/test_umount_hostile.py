@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from fanfs.mountinfo import mounts
 from fanfs.umount import QUERY_TIMEOUT_S
 from tests.conftest import FANFS, Mount, as_nobody, run_fanfs
 from tests.treegen import write_tree
@@ -99,3 +101,35 @@ def test_another_user_cannot_unmount_roots_mount(pack: Path, public_dir: Path) -
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
         assert took < PROMPT_S
         assert other.mounted() and (mnt / "a.txt").read_bytes() == b"a\n"
+
+
+def test_umount_names_the_namespace_whose_copy_keeps_the_daemon_serving(
+    edge_pack: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """A mount namespace made while the mount is up (unshare, a container, a Slurm job
+    container) holds a copy of the mount, which keeps the FUSE connection open: after the
+    unmount here the daemon goes on serving the copy. `fanfs umount` says where the copy is."""
+    mount = mount_factory(edge_pack)
+    assert mount.proc is not None
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    try:
+        table = "/proc/%d/mountinfo" % holder.pid
+        deadline = time.monotonic() + 10
+        while not any(m.mountpoint == str(mount.mnt) for m in mounts(table)):
+            assert time.monotonic() < deadline, "the namespace never showed the mount"
+            time.sleep(0.02)
+        result = run_fanfs("umount", mount.mnt)
+        assert result.returncode == 4, result.stderr
+        assert result.stderr == (
+            "fanfs umount: error: unmounted here, but the mount namespace of pid %d still holds a "
+            "copy of %s, which keeps the fanfs daemon (pid %d) serving; unmount it there "
+            "(nsenter -t %d -m fanfs umount %s) or stop the daemon (kill %d)\n"
+            % (holder.pid, mount.mnt, mount.proc.pid, holder.pid, mount.mnt, mount.proc.pid)
+        )
+        assert mount.proc.poll() is None  # still serving the copy
+    finally:
+        holder.kill()
+        holder.wait()
+    # With the namespace gone, so is the last copy: the daemon learns of the unmount.
+    assert mount.proc.wait(timeout=30) == 0
+    mount.proc = None  # nothing left for the fixture to unmount
