@@ -393,7 +393,7 @@ def _lzma_decode(stored: bytes | memoryview, size: int) -> bytes:
 # Dictionaries are only worth it for small objects. zstd's CLI caps dictionaries at 110 KiB,
 # but on real source and text classes a 1 MiB dictionary still gains: zstd:19 on Go sources
 # 5.10x with 256 KiB, 5.45x with 1 MiB (Python 5.52x / 5.71x, Ruby ri files 4.42x / 4.97x),
-# at the same decode speed (docs/benchmarks.md, "Real mixed dataset"). Packs written before
+# at the same decode speed (docs/benchmarks.md, "The optimizer on real data"). Packs written before
 # held at most 112 KiB; readers accept up to DICT_MAX_BYTES (the bound of what a reader copies).
 DICT_MAX_BYTES: Final = 1024 * 1024
 DICT_MIN_BYTES: Final = 1024

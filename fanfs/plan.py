@@ -2,7 +2,7 @@
 shared by `fanfs plan` (`pack.run_plan`, which walks the tree as `pack` does), `fanfs pack`
 and `fanfs inspect`. Imports nothing above the optimizer.
 
-Never writes anything but stdout; the optimizer does the work (fanfs/optimizer.py).
+Never writes anything but stdout; the optimizer does the work (the fanfs/optimizer/ package).
 """
 
 from __future__ import annotations

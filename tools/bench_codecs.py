@@ -273,6 +273,18 @@ def mounted(pack: Path, mnt: Path) -> Iterator[tuple[list[int], Path]]:
             subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
 
 
+def read_and_drop(path: str | bytes | os.PathLike[str]) -> None:
+    """Read a file whole in 1 MiB reads, then drop its pages from the page cache (the next
+    read of it reaches the mount again)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while os.read(fd, 1 << 20):
+            pass
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _mount_stats(log_path: Path) -> dict[str, Any]:
     """The statistics the mount logs when it is unmounted (decode counters)."""
     for line in reversed(log_path.read_text().splitlines()):
@@ -591,13 +603,7 @@ def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse
                 with mounted(pack_path, mnt) as (_, log_path):
                     for _ in range(passes):
                         for rel in members[cls]:
-                            fd = os.open(mnt / rel, os.O_RDONLY)
-                            try:
-                                while os.read(fd, 1 << 20):
-                                    pass
-                                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                            finally:
-                                os.close(fd)
+                            read_and_drop(mnt / rel)
                 read_s.setdefault((cls, name), []).append(
                     _mount_stats(log_path)["read_ns"] / 1e9 / passes
                 )

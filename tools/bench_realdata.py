@@ -300,13 +300,7 @@ def _read_ns(log_path: Path) -> float:
 
 def _read_class(mnt: Path, rels: list[bytes]) -> None:
     for rel in rels:
-        fd = os.open(os.path.join(bytes(mnt), rel), os.O_RDONLY)
-        try:
-            while os.read(fd, 1 << 20):
-                pass
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        bench_codecs.read_and_drop(os.path.join(bytes(mnt), rel))
 
 
 def class_members(tree: Path, classes: list[str]) -> dict[str, list[bytes]]:

@@ -192,7 +192,9 @@ def mount(
     return {"mount_s": seconds, "mount_memory": memory}
 
 
-def fanfs_memory(mnt: Path) -> dict[str, int]:
+def fanfs_stats(mnt: Path) -> dict[str, int]:
+    """The mount's memory and request counters from `fanfs stats` (empty if it does not
+    answer)."""
     out = subprocess.run(
         [sys.executable, "-m", "fanfs", "stats", "--json", str(mnt)],
         capture_output=True,
@@ -397,13 +399,13 @@ def setup_systems(
                     log_path,
                 )
             )
-            info["stats_after_mount"] = fanfs_memory(mnt)
+            info["stats_after_mount"] = fanfs_stats(mnt)
             systems[name] = {"root": mnt, **info}
     return systems
 
 
 def measure(
-    args: argparse.Namespace, systems: dict[str, dict[str, Any]], files: int, lists: Sequence[Path]
+    args: argparse.Namespace, systems: dict[str, dict[str, Any]], lists: Sequence[Path]
 ) -> dict[str, Any]:
     workloads: list[tuple[str, str, Callable[[Path], int]]] = [
         ("find", "find -type f", run_find),
@@ -499,10 +501,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             lists.append(lst)
         with bl.MountStack() as mounts:
             systems = setup_systems(args, tree, work, mounts)
-            results = measure(args, systems, args.files, lists)
+            results = measure(args, systems, lists)
             for name in ("fanfs", "fanfs-nofast"):
                 if name in systems:
-                    systems[name]["stats_after_run"] = fanfs_memory(systems[name]["root"])
+                    systems[name]["stats_after_run"] = fanfs_stats(systems[name]["root"])
         text = table(systems, results)
         print(
             "\n%d files (%d train, %d val), %d random reads by %d readers; warm: median of %d\n"
