@@ -1,14 +1,16 @@
 """Shared helpers for the fanfs benchmarks in tools/: dataset, systems, mounts, results.
 
 Owns the synthetic ImageFolder-like dataset, building and mounting the systems compared
-(raw files, fanfs, squashfuse_ll), page-cache drops, FUSE daemon memory, and result files.
-It never imports fanfs (it drives the fanfs CLI), and every mount goes through `MountStack`,
-which unmounts on exit (lazily, and then kills the daemon, as a last resort).
+(raw files, fanfs, squashfuse_ll, the kernel's EROFS), page-cache drops and the epochs they
+disturb, FUSE daemon memory and counters, work directories, and result files. It never
+imports fanfs's filesystem code (it drives the fanfs CLI), and every mount goes through
+`MountStack`, which unmounts on exit (lazily, and then kills the daemon, as a last resort).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import itertools
 import json
@@ -18,14 +20,16 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import numpy as np
 
@@ -45,6 +49,18 @@ MOUNT_DEADLINE_S = 60.0
 UMOUNT_TIMEOUT_S = 30.0
 # Building an image of a few GB takes minutes; this only catches a hung build.
 BUILD_TIMEOUT_S = 3600.0
+# A timed epoch during which another process dropped the page cache is run again, at most
+# this many times in all (the machine is shared; other benchmarks drop caches too).
+EPOCH_ATTEMPTS = 3
+# The root xattr that holds a fanfs daemon's counters as JSON (`fanfs stats` reads it).
+FANFS_STATS_XATTR = "user.fanfs.stats"
+# How the kernel's EROFS gets its image: `file` mounts the image file itself (kernels with
+# CONFIG_EROFS_FS_BACKED_BY_FILE, 6.12 on), `loop` through a loop device, `auto` tries
+# `file` first.
+EROFS_MOUNT_MODES = ("auto", "file", "loop")
+_MS_RDONLY = 1
+
+_T = TypeVar("_T")
 
 _T0 = time.monotonic()
 
@@ -305,6 +321,30 @@ def drop_count() -> int:
     return 0
 
 
+def run_undisturbed(
+    run: Callable[[], _T], *, cold: bool, warm_up: Callable[[], object] | None = None
+) -> tuple[_T, int, bool]:
+    """Time one epoch with `run`, from a dropped page cache (`cold`) and/or after `warm_up`.
+
+    Runs it again, up to EPOCH_ATTEMPTS times in all, if someone else on the machine
+    dropped the page cache meanwhile (seen in /proc/vmstat). Returns the last result, the
+    attempts made, and whether that last one was still disturbed.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        if cold:
+            drop_caches()
+        drops = drop_count()
+        if warm_up is not None:
+            warm_up()
+        result = run()
+        disturbed = drop_count() != drops
+        if not disturbed or attempt == EPOCH_ATTEMPTS:
+            return result, attempt, disturbed
+        log("WARNING: another process dropped the page cache during this epoch; again")
+
+
 def du_bytes(path: Path) -> int:
     """Apparent size in bytes of a file or tree, as `du -sb` reports it."""
     out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True)
@@ -355,6 +395,7 @@ class _Mount:
     umount_cmd: list[str]
     log_path: Path | None
     env: dict[str, str] | None
+    lazy_cmd: list[str] | None = None  # None: fusermount3 -u -z
     pids: list[int] = field(default_factory=list)
 
 
@@ -363,8 +404,9 @@ class MountStack:
 
     Register a mount point *before* running the mount command: unmounting something that
     never got mounted is a no-op, while a mount that appeared after a timeout would leak.
-    Escalation per mount: its own unmount command, `fusermount3 -u -z`, then SIGTERM and
-    SIGKILL to the daemon pids found for it (only processes serving this mount point).
+    Escalation per mount: its own unmount command, a lazy unmount (`fusermount3 -u -z`, or
+    the mount's own `lazy_umount_cmd` for a kernel filesystem), then SIGTERM and SIGKILL to
+    the daemon pids found for it (only processes serving this mount point).
     """
 
     def __init__(self) -> None:
@@ -383,8 +425,10 @@ class MountStack:
         *,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        lazy_umount_cmd: Sequence[str] | None = None,
     ) -> None:
-        self._mounts.append(_Mount(mnt, list(umount_cmd), log_path, env))
+        lazy = list(lazy_umount_cmd) if lazy_umount_cmd is not None else None
+        self._mounts.append(_Mount(mnt, list(umount_cmd), log_path, env, lazy))
 
     def daemon_pids(self, mnt: Path) -> list[int]:
         """Find (and remember, for cleanup) the daemon pids serving `mnt`."""
@@ -421,7 +465,11 @@ def _unmount(m: _Mount) -> None:
             log("WARNING: %s", exc)
     if str(m.mnt) in mountinfo():
         log("WARNING: %s still mounted; lazy unmount", m.mnt)
-        harness.lazy_unmount(m.mnt)
+        if m.lazy_cmd is None:
+            harness.lazy_unmount(m.mnt)
+        else:
+            with contextlib.suppress(BenchError):
+                run_cmd(m.lazy_cmd, timeout_s=UMOUNT_TIMEOUT_S, log_path=m.log_path, env=m.env)
     _reap(m.pids)
     if str(m.mnt) in mountinfo():
         raise BenchError("%s is still mounted" % m.mnt)
@@ -457,6 +505,8 @@ class SystemSetup:
     mount_s: float | None = None
     mnt: Path | None = None
     memory: dict[str, dict[str, int] | None] = field(default_factory=dict)
+    # How it was built and mounted, where that varies (e.g. erofs: compressor, mount mode).
+    details: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -465,6 +515,7 @@ class SystemSetup:
             "size_bytes": self.size_bytes,
             "mount_s": self.mount_s,
             "daemon_memory": self.memory,
+            **self.details,
         }
 
 
@@ -486,6 +537,14 @@ REQUIRED_PROGRAMS = {
     "fanfs": ("fusermount3",),
     "fanfs-base": ("fusermount3",),
     "squashfuse": ("mksquashfs", "squashfuse_ll", "fusermount3"),
+    "erofs": ("mkfs.erofs", "umount"),
+}
+# The command that reports each system's build tool version (for the result's "versions").
+VERSION_COMMANDS = {
+    "mksquashfs": ("mksquashfs", "-version"),
+    "squashfuse_ll": ("squashfuse_ll", "--version"),
+    # mkfs.erofs 1.5 has no version option; the Debian package's version is the same.
+    "erofs-utils": ("dpkg-query", "-W", "-f", "erofs-utils ${Version}\\n", "erofs-utils"),
 }
 
 
@@ -494,7 +553,8 @@ def check_programs(systems: Sequence[str]) -> None:
     missing = sorted({p for s in systems for p in REQUIRED_PROGRAMS[s] if not shutil.which(p)})
     if missing:
         raise BenchError(
-            "not on PATH: %s (apt-get install fuse3 squashfs-tools squashfuse)" % ", ".join(missing)
+            "not on PATH: %s (apt-get install fuse3 squashfs-tools squashfuse erofs-utils)"
+            % ", ".join(missing)
         )
 
 
@@ -523,6 +583,7 @@ def setup_fanfs(
         mounts,
         [*fanfs_cmd, "mount", *mount_args, str(pack), str(setup.root)],
         [*fanfs_cmd, "umount", str(setup.root)],
+        None,
         log_path,
         env,
     )
@@ -539,10 +600,82 @@ def setup_squashfuse(dataset: Dataset, workdir: Path, mounts: MountStack) -> Sys
         mounts,
         ["squashfuse_ll", str(img), str(setup.root)],
         ["fusermount3", "-u", str(setup.root)],
-        log_path,
         None,
+        log_path,
     )
     return setup
+
+
+def erofs_compressors() -> tuple[str, ...]:
+    """The compressors this mkfs.erofs was built with, from its --help ("Available
+    compressors are: lz4hc, lz4" for Debian 12's erofs-utils 1.5)."""
+    try:
+        out = subprocess.run(
+            ["mkfs.erofs", "--help"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    found = re.search(r"Available compressors are: *(.*)", out.stdout + out.stderr)
+    return tuple(c.strip() for c in found.group(1).split(",") if c.strip()) if found else ()
+
+
+def check_erofs_compress(compress: str) -> None:
+    """Raise BenchError unless mkfs.erofs offers the algorithm of `compress` (ALG[,LEVEL])."""
+    offered = erofs_compressors()
+    if compress.split(",")[0] not in offered:
+        raise BenchError(
+            "mkfs.erofs here offers %s, not %s (lzma needs a newer erofs-utils built with "
+            "liblzma)" % (", ".join(offered) or "no compressor", compress)
+        )
+
+
+def setup_erofs(
+    dataset: Dataset,
+    workdir: Path,
+    mounts: MountStack,
+    *,
+    compress: str = "lz4hc",
+    extra_args: Sequence[str] = (),
+    mode: str = "auto",
+) -> SystemSetup:
+    """`mkfs.erofs -z<compress>` the dataset, then mount the image with the kernel's EROFS.
+
+    `mode` (EROFS_MOUNT_MODES): `file` gives mount(2) the image file itself, with no loop
+    device (mount(8) of util-linux 2.38 always sets one up for a regular file, so this calls
+    mount(2) directly); `loop` runs `mount -t erofs -o ro,loop` (the loop device is freed at
+    unmount); `auto` tries `file`, then `loop`. Unmounted with umount(8), lazily as a last
+    resort. The image is a kernel filesystem: mount time is the syscall's, and there is no
+    daemon (no memory columns).
+    """
+    img, mnt, log_path = workdir / "image.erofs", workdir / "mnt-erofs", workdir / "erofs.log"
+    build_cmd = ["mkfs.erofs", "--quiet", "-z" + compress, *extra_args, str(img)]
+    setup = _build_timed("erofs", [*build_cmd, str(dataset.root)], img, mnt, log_path, None)
+    setup.details.update(compress=compress, mkfs_args=list(extra_args))
+    umount = (["umount", str(mnt)], ["umount", "-l", str(mnt)])
+    if mode in ("auto", "file"):
+        try:
+            _mount_timed(setup, mounts, lambda: _mount_file(img, mnt, "erofs"), *umount, log_path)
+        except BenchError as exc:
+            if mode == "file":
+                raise
+            log("erofs: cannot mount the image file itself (%s); trying a loop device", exc)
+        else:
+            setup.details["mount_mode"] = "file"
+            return setup
+    loop_cmd = ["mount", "-t", "erofs", "-o", "ro,loop", str(img), str(mnt)]
+    _mount_timed(setup, mounts, loop_cmd, *umount, log_path)
+    setup.details["mount_mode"] = "loop"
+    return setup
+
+
+def _mount_file(source: Path, target: Path, fstype: str) -> None:
+    """mount(2) `source` read-only on `target`: a file-backed mount, no loop device."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    libc.mount.restype = ctypes.c_int
+    if libc.mount(os.fsencode(source), os.fsencode(target), fstype.encode(), _MS_RDONLY, None):
+        err = ctypes.get_errno()
+        raise BenchError("mount(2) of %s on %s: %s" % (source, target, os.strerror(err)))
 
 
 def _build_timed(
@@ -561,18 +694,23 @@ def _build_timed(
 def _mount_timed(
     setup: SystemSetup,
     mounts: MountStack,
-    mount_cmd: Sequence[str],
+    mount_cmd: Sequence[str] | Callable[[], None],
     umount_cmd: Sequence[str],
+    lazy_umount_cmd: Sequence[str] | None,
     log_path: Path,
-    env: dict[str, str] | None,
+    env: dict[str, str] | None = None,
 ) -> None:
-    """Mount from a cold page cache; time until the mount shows in mountinfo."""
+    """Mount from a cold page cache with a command (or a call, for a mount(2) done here);
+    time until the mount shows in mountinfo."""
     mnt = setup.root
     mnt.mkdir(exist_ok=True)
-    mounts.register(mnt, umount_cmd, log_path=log_path, env=env)
+    mounts.register(mnt, umount_cmd, log_path=log_path, env=env, lazy_umount_cmd=lazy_umount_cmd)
     drop_caches()
     t0 = time.perf_counter()
-    run_cmd(mount_cmd, timeout_s=MOUNT_DEADLINE_S, log_path=log_path, env=env)
+    if callable(mount_cmd):
+        mount_cmd()
+    else:
+        run_cmd(mount_cmd, timeout_s=MOUNT_DEADLINE_S, log_path=log_path, env=env)
     wait_mounted(mnt)
     setup.mount_s = time.perf_counter() - t0
     pids = mounts.daemon_pids(mnt)
@@ -585,6 +723,52 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def fanfs_counters(mnt: Path) -> dict[str, Any]:
+    """A fanfs mount's daemon counters (summed over its serving processes), from the root
+    xattr that `fanfs stats` reads."""
+    try:
+        return dict(json.loads(os.getxattr(mnt, FANFS_STATS_XATTR)))
+    except (OSError, ValueError) as exc:
+        raise BenchError("cannot read %s of %s: %s" % (FANFS_STATS_XATTR, mnt, exc)) from exc
+
+
+# ---------------------------------------------------------------- work directories
+
+
+def make_workdir(workdir: Path | None) -> tuple[Path, bool]:
+    """Return the work directory (a new one under /tmp if None) and whether this run made it."""
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="fanfs-bench-", dir="/tmp")), True
+    created = not workdir.exists()
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir.resolve(), created
+
+
+def cleanup_workdir(
+    workdir: Path, created: bool, *, keep: bool, names: Sequence[str], src: Path | None = None
+) -> None:
+    """Remove what a benchmark put in `workdir`: all of it if this run made it, else the
+    entries `names`. Never anything while a mount lives under `workdir`, never `src`."""
+    live = [m for m in mountinfo() if m == str(workdir) or m.startswith(str(workdir) + "/")]
+    if live:
+        log("ERROR: not removing %s: still mounted: %s", workdir, ", ".join(live))
+        return
+    if keep:
+        log("kept %s", workdir)
+        return
+    log("removing the benchmark files under %s", workdir)
+    if created:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    for path in (workdir / name for name in names):
+        if src is not None and (path == src or path in src.parents):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- results
@@ -624,6 +808,38 @@ def markdown_table(
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(aligns) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """Median over repeats of numerator / denominator within each repeat (times of two
+    systems that ran minutes apart at most: load drifts cancel out)."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
+
+
+def setup_table(setups: Sequence[SystemSetup], data_bytes: int) -> str:
+    """Build and mount costs, and daemon memory: RSS and peak (VmHWM) summed over the
+    daemon's processes count pages they share once per process; PSS splits them."""
+
+    def mb(mem: dict[str, int] | None, key: str) -> str:
+        return "%.0f" % (mem[key] / 1e6) if mem else "-"
+
+    def num(value: float | None, fmt: str) -> str:
+        return fmt % value if value is not None else "-"
+
+    body = []
+    for s in setups:
+        after, end = s.memory.get("after_mount"), s.memory.get("end")
+        size = s.size_bytes or 0
+        procs = str(end["process_count"]) if end else "-"
+        row = [s.name, num(s.build_s, "%.1f"), "%.0f" % (size / 1e6)]
+        row += ["%.3f" % (size / data_bytes), num(s.mount_s, "%.2f"), procs]
+        row += [mb(after, "rss_bytes"), mb(end, "rss_bytes"), mb(end, "hwm_bytes")]
+        row += [mb(after, "pss_bytes"), mb(end, "pss_bytes")]
+        body.append(row)
+    headers = ["system", "build s", "size MB", "size / data", "mount s", "daemon procs"]
+    headers += ["RSS MB after mount", "RSS MB at end", "peak RSS MB"]
+    headers += ["PSS MB after mount", "PSS MB at end"]
+    return markdown_table(headers, body, right_from=1)
 
 
 def program_versions(commands: dict[str, Sequence[str]]) -> dict[str, str | None]:

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Whole-file read throughput: raw files vs a fanfs mount vs squashfuse_ll, in one run.
+"""Whole-file read throughput: raw files vs a fanfs mount vs the kernel's EROFS vs
+squashfuse_ll, in one run.
 
 What it measures. A tree of many ~100 kB files (generated: 70% JPEG-like random bytes, 15%
 compressible float32 .npy, 15% JSON-lines text, over 100 class directories; or `--src DIR`)
-is packed with `fanfs pack` and `mksquashfs` (default gzip), both images are mounted, and
-every file is read once per epoch, in one fixed-seed random order split round-robin over
+is packed with `fanfs pack`, `mkfs.erofs -zlz4hc` (`--erofs-compress`; lzma only where that
+mkfs.erofs has it, not Debian 12's 1.5) and `mksquashfs` (default gzip), the images are
+mounted (EROFS by the kernel itself, from the image file with no loop device where the kernel
+allows it, else through a loop device: `--erofs-mount`), and every file is read once per
+epoch, in one fixed-seed random order split round-robin over
 `--readers` processes that start together (elapsed = first reader start to last reader
 finish). Reader styles: `buffered` is `open(p, 'rb').read()` as PIL, numpy and torch do (one
 extra ioctl per file from isatty); `unbuffered` is `os.open` + `os.readv` into a reused 1 MiB
@@ -19,13 +23,15 @@ How to read the table. files/s and MB/s (1 MB = 10^6 bytes) come from the median
 `--repeats`; `x native` is native's time over this system's in the same repeat, epoch and
 reader style, median over repeats (above 1 = faster than the raw files); `spread` is
 (max - min) / median of the times, so a ratio means little where it is within the spreads.
-The second table gives image build time and size (page cache dropped first), mount time
+`x erofs`, on fanfs rows, is the same paired ratio against the kernel's EROFS, the limit for
+a compressed read-only image (no daemon, no request round trips): erofs's time over fanfs's,
+so 1.00 = as fast as EROFS and 0.50 = half its speed. The second table gives image build time and size (page cache dropped first), mount time
 (caches dropped first; until the mount shows in mountinfo) and the FUSE daemon's memory
 (VmRSS after mount and at the end, VmHWM peak; summed over its processes). Every epoch checks
 that each file read returned its expected size; an untimed pass per mounted system also
 compares the sha256 of every file with the raw files. Any mismatch or read error fails.
 
-Run as root: `.venv/bin/python tools/bench_read.py [--quick] [--systems native,squashfuse]`.
+Run as root: `.venv/bin/python tools/bench_read.py [--quick] [--systems native,fanfs,erofs]`.
 The JSON result goes to results/bench_read-<host>-<YYYYmmddTHHMM>.json and the markdown
 tables to stdout; progress goes to stderr. A default run takes 10-15 min on 2 cores.
 """
@@ -41,7 +47,6 @@ import shlex
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,8 +58,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as bl
 
-SYSTEMS = ("native", "fanfs", "fanfs-base", "squashfuse")
-DEFAULT_SYSTEMS = ("native", "fanfs", "squashfuse")
+SYSTEMS = ("native", "fanfs", "fanfs-base", "erofs", "squashfuse")
+DEFAULT_SYSTEMS = ("native", "fanfs", "erofs", "squashfuse")
 STYLES = ("buffered", "unbuffered")
 EPOCHS = ("cold", "warm")
 # The unbuffered reader's reused buffer: one read() returns a whole file below 1 MiB.
@@ -62,9 +67,6 @@ READ_BUFFER_BYTES = 1 << 20
 # A reader that finds problems reports this many of them verbatim; the rest are counted.
 MAX_REPORTED_ERRORS = 10
 BARRIER_TIMEOUT_S = 60.0
-# A timed epoch during which another process dropped the page cache is run again, at most
-# this many times in all (the machine is shared; other benchmarks drop caches too).
-EPOCH_ATTEMPTS = 3
 
 Hasher = Any  # hashlib's _Hash is not public
 ReadFn = Callable[[str, Hasher | None], int]
@@ -323,21 +325,13 @@ def run_schedule(plan: Plan, systems: Sequence[str]) -> None:
 
 
 def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> dict[str, Any]:
-    """Prepare the caches for `kind`, then time one epoch; repeat it if someone else on the
-    machine dropped the page cache meanwhile (seen in /proc/vmstat)."""
-    attempt = 0
-    while True:
-        attempt += 1
-        if kind == "cold":
-            bl.drop_caches()
-        drops = bl.drop_count()
-        if kind == "warm":
-            plan.epoch(system, style)  # warm-up, untimed
-        run = plan.epoch(system, style)
-        disturbed = bl.drop_count() != drops
-        if not disturbed or attempt == EPOCH_ATTEMPTS:
-            break
-        bl.log("WARNING: another process dropped the page cache during this epoch; again")
+    """Prepare the caches for `kind` (drop them, or an untimed warm-up epoch), then time one
+    epoch (again if someone else on the machine dropped the page cache meanwhile)."""
+    run, attempt, disturbed = bl.run_undisturbed(
+        lambda: plan.epoch(system, style),
+        cold=kind == "cold",
+        warm_up=(lambda: plan.epoch(system, style)) if kind == "warm" else None,
+    )
     bl.log(
         "repeat %d/%d %-4s %-10s %-10s %6d files %7.2f s %8.0f files/s %7.1f MB/s",
         *(rep + 1, plan.repeats, kind, style, system, run.file_count, run.elapsed_s),
@@ -361,10 +355,11 @@ def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> di
 
 
 def summarize(plan: Plan, systems: Sequence[str]) -> list[dict[str, Any]]:
-    """Per (epoch, style, system): median time, files/s, MB/s, spread, ratio to native.
+    """Per (epoch, style, system): median time, files/s, MB/s, spread, ratio to native and,
+    for fanfs systems, to erofs.
 
-    The ratio is paired: native's time over this system's within each repeat (the two ran
-    minutes apart at most), then the median over repeats; load drifts cancel out.
+    The ratios are paired: the other system's time over this one's within each repeat (the
+    two ran minutes apart at most), then the median over repeats; load drifts cancel out.
     """
     rows = []
     for kind in plan.epochs:
@@ -387,7 +382,7 @@ def _summary_row(
 ) -> dict[str, Any]:
     mine = times[system]
     med = statistics.median(mine)
-    native = times.get("native")
+    native, erofs = times.get("native"), times.get("erofs")
     return {
         "epoch": kind,
         "style": style,
@@ -397,8 +392,9 @@ def _summary_row(
         "files_per_s": len(dataset.relpaths) / med,
         "mb_per_s": dataset.total_bytes / med / 1e6,
         "spread": (max(mine) - min(mine)) / med,
-        "ratio_to_native": (
-            statistics.median(n / t for n, t in zip(native, mine, strict=True)) if native else None
+        "ratio_to_native": bl.paired_ratio(native, mine) if native else None,
+        "ratio_to_erofs": (
+            bl.paired_ratio(erofs, mine) if erofs and system.startswith("fanfs") else None
         ),
     }
 
@@ -412,39 +408,13 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
             "{:,.0f}".format(r["files_per_s"]),
             "%.0f" % r["mb_per_s"],
             "%.2f" % r["ratio_to_native"] if r["ratio_to_native"] else "-",
+            "%.2f" % r["ratio_to_erofs"] if r["ratio_to_erofs"] else "-",
             "%.0f%%" % (100 * r["spread"]),
         ]
         for r in rows
     ]
-    return bl.markdown_table(
-        ["epoch", "reader", "system", "files/s", "MB/s", "x native", "spread"], body, right_from=3
-    )
-
-
-def setup_table(setups: Sequence[bl.SystemSetup], data_bytes: int) -> str:
-    """Build and mount costs, and daemon memory: RSS and peak (VmHWM) summed over the
-    daemon's processes count pages they share once per process; PSS splits them."""
-
-    def mb(mem: dict[str, int] | None, key: str) -> str:
-        return "%.0f" % (mem[key] / 1e6) if mem else "-"
-
-    def num(value: float | None, fmt: str) -> str:
-        return fmt % value if value is not None else "-"
-
-    body = []
-    for s in setups:
-        after, end = s.memory.get("after_mount"), s.memory.get("end")
-        size = s.size_bytes or 0
-        procs = str(end["process_count"]) if end else "-"
-        row = [s.name, num(s.build_s, "%.1f"), "%.0f" % (size / 1e6)]
-        row += ["%.3f" % (size / data_bytes), num(s.mount_s, "%.2f"), procs]
-        row += [mb(after, "rss_bytes"), mb(end, "rss_bytes"), mb(end, "hwm_bytes")]
-        row += [mb(after, "pss_bytes"), mb(end, "pss_bytes")]
-        body.append(row)
-    headers = ["system", "build s", "size MB", "size / data", "mount s", "daemon procs"]
-    headers += ["RSS MB after mount", "RSS MB at end", "peak RSS MB"]
-    headers += ["PSS MB after mount", "PSS MB at end"]
-    return bl.markdown_table(headers, body, right_from=1)
+    headers = ["epoch", "reader", "system", "files/s", "MB/s", "x native", "x erofs", "spread"]
+    return bl.markdown_table(headers, body, right_from=3)
 
 
 def header_lines(payload: dict[str, Any]) -> str:
@@ -461,14 +431,24 @@ def header_lines(payload: dict[str, Any]) -> str:
         + "; %d readers, %d repeats, medians" % (opts["readers"], opts["repeats"]),
         "command: `%s`" % payload["command"],
     ]
+    erofs = payload["systems"].get("erofs")
+    if erofs:
+        lines.append(erofs_line(erofs))
     retried = sum(r["attempts"] > 1 for r in payload["epochs"])
     if retried:
         disturbed = sum(r["disturbed"] for r in payload["epochs"])
         lines.append(
             "%d timed epochs were run again after another process dropped the page cache; "
-            "%d were still disturbed after %d attempts" % (retried, disturbed, EPOCH_ATTEMPTS)
+            "%d were still disturbed after %d attempts" % (retried, disturbed, bl.EPOCH_ATTEMPTS)
         )
     return "\n".join(lines)
+
+
+def erofs_line(summary: dict[str, Any]) -> str:
+    """How the erofs image was built and mounted (from SystemSetup.summary())."""
+    how = {"file": "from the image file (no loop device)", "loop": "through a loop device"}
+    mkfs = shlex.join(["mkfs.erofs", "-z" + summary["compress"], *summary["mkfs_args"]])
+    return "erofs: `%s`, mounted by the kernel %s" % (mkfs, how[summary["mount_mode"]])
 
 
 # ---------------------------------------------------------------- main
@@ -520,11 +500,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pack-args", default="", help='extra `fanfs pack` args, e.g. "--codec lz4"')
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` args")
+    add_erofs_args(p)
     p.add_argument("--no-hash", action="store_true", help="skip the sha256 content check")
     p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
     p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
     args = p.parse_args(argv)
     return _resolve_args(p, args, argv)
+
+
+def add_erofs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--erofs-compress",
+        default="lz4hc",
+        help="mkfs.erofs -z ALG[,LEVEL] (default lz4hc; lzma where mkfs.erofs offers it)",
+    )
+    p.add_argument(
+        "--erofs-args", default="", help='extra mkfs.erofs args, e.g. "-C65536" (pcluster size)'
+    )
+    p.add_argument(
+        "--erofs-mount",
+        choices=bl.EROFS_MOUNT_MODES,
+        default="auto",
+        help="mount the image file itself (file), through a loop device (loop), or the first "
+        "that works (auto, the default)",
+    )
 
 
 def _resolve_args(
@@ -573,6 +572,7 @@ def prepare_dataset(args: argparse.Namespace, workdir: Path) -> bl.Dataset:
 def prepare_systems(
     args: argparse.Namespace, dataset: bl.Dataset, workdir: Path, mounts: bl.MountStack
 ) -> list[bl.SystemSetup]:
+    """Build and mount each system of `args.systems`, in that order."""
     setups = []
     for name in args.systems:
         if name == "native":
@@ -590,6 +590,17 @@ def prepare_systems(
                     tree=args.baseline_tree if name == "fanfs-base" else None,
                 )
             )
+        elif name == "erofs":
+            setups.append(
+                bl.setup_erofs(
+                    dataset,
+                    workdir,
+                    mounts,
+                    compress=args.erofs_compress,
+                    extra_args=shlex.split(args.erofs_args),
+                    mode=args.erofs_mount,
+                )
+            )
         else:
             setups.append(bl.setup_squashfuse(dataset, workdir, mounts))
     return setups
@@ -599,6 +610,8 @@ def run_benchmark(args: argparse.Namespace, workdir: Path, mounts: bl.MountStack
     """Build, mount, verify, time; return the JSON payload, markdown report included."""
     started, load_before = time.time(), os.getloadavg()
     bl.check_programs(args.systems)
+    if "erofs" in args.systems:
+        bl.check_erofs_compress(args.erofs_compress)
     dataset = prepare_dataset(args, workdir)
     setups = prepare_systems(args, dataset, workdir, mounts)
     plan = make_plan(args, dataset, setups)
@@ -626,52 +639,30 @@ def run_benchmark(args: argparse.Namespace, workdir: Path, mounts: bl.MountStack
         "epochs": plan.records,
     }
     payload["report_markdown"] = "\n\n".join(
-        [header_lines(payload), throughput_table(rows), setup_table(setups, dataset.total_bytes)]
+        [header_lines(payload), throughput_table(rows), bl.setup_table(setups, dataset.total_bytes)]
     )
     return payload
 
 
 def program_versions(args: argparse.Namespace) -> dict[str, str | None]:
     fanfs = [*shlex.split(args.fanfs_cmd), "--version"]
-    mksquashfs, squashfuse_ll = ["mksquashfs", "-version"], ["squashfuse_ll", "--version"]
-    return bl.program_versions(
-        {"fanfs": fanfs, "mksquashfs": mksquashfs, "squashfuse_ll": squashfuse_ll}
-    )
+    return bl.program_versions({"fanfs": fanfs, **bl.VERSION_COMMANDS})
 
 
-def make_workdir(workdir: Path | None) -> tuple[Path, bool]:
-    """Return the work directory and whether this run created it."""
-    if workdir is None:
-        return Path(tempfile.mkdtemp(prefix="fanfs-bench-", dir="/tmp")), True
-    created = not workdir.exists()
-    workdir.mkdir(parents=True, exist_ok=True)
-    return workdir.resolve(), created
+# What a run puts in a --workdir it did not create (all removed at the end unless --keep).
+WORKDIR_NAMES = [
+    *("pack.fanfs", "mnt-fanfs", "fanfs.log", "pack.fanfs-base", "mnt-fanfs-base"),
+    *("fanfs-base.log", "image.erofs", "mnt-erofs", "erofs.log", "image.squashfs"),
+    *("mnt-squashfuse", "squashfuse.log"),
+]
 
 
 def cleanup_workdir(workdir: Path, created: bool, args: argparse.Namespace) -> None:
     """Remove what this benchmark put in `workdir` (all of it if it made it), never a mount,
     never a `--src` tree."""
-    live = [m for m in bl.mountinfo() if m == str(workdir) or m.startswith(str(workdir) + "/")]
-    if live:
-        bl.log("ERROR: not removing %s: still mounted: %s", workdir, ", ".join(live))
-        return
-    if args.keep:
-        bl.log("kept %s", workdir)
-        return
-    bl.log("removing the benchmark files under %s", workdir)
-    if created:
-        shutil.rmtree(workdir, ignore_errors=True)
-        return
-    names = ["pack.fanfs", "image.squashfs", "mnt-fanfs", "mnt-squashfuse", "fanfs.log"]
-    names += ["squashfuse.log"] + ([] if args.src else ["src", "src.manifest.json"])
+    names = WORKDIR_NAMES + ([] if args.src else ["src", "src.manifest.json"])
     src = args.src.resolve() if args.src else None
-    for path in (workdir / name for name in names):
-        if src is not None and (path == src or path in src.parents):
-            continue
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    bl.cleanup_workdir(workdir, created, keep=args.keep, names=names, src=src)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -680,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_read.py must run as root (drop_caches, FUSE mounts)", file=sys.stderr)
         return 2
     bl.install_signal_handlers()
-    workdir, created = make_workdir(args.workdir)
+    workdir, created = bl.make_workdir(args.workdir)
     bl.log("workdir %s", workdir)
     try:
         with bl.MountStack() as mounts:
