@@ -9,6 +9,7 @@ imports fanfs's filesystem code (it drives the fanfs CLI), and every mount goes 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import datetime
@@ -666,6 +667,32 @@ def setup_erofs(
     _mount_timed(setup, mounts, loop_cmd, *umount, log_path)
     setup.details["mount_mode"] = "loop"
     return setup
+
+
+def add_erofs_args(p: argparse.ArgumentParser) -> None:
+    """The options of setup_erofs(): --erofs-compress, --erofs-args, --erofs-mount."""
+    p.add_argument(
+        "--erofs-compress",
+        default="lz4hc",
+        help="mkfs.erofs -z ALG[,LEVEL] (default lz4hc; lzma where mkfs.erofs offers it)",
+    )
+    p.add_argument(
+        "--erofs-args", default="", help='extra mkfs.erofs args, e.g. "-C65536" (pcluster size)'
+    )
+    p.add_argument(
+        "--erofs-mount",
+        choices=EROFS_MOUNT_MODES,
+        default="auto",
+        help="mount the image file itself (file), through a loop device (loop), or the first "
+        "that works (auto, the default)",
+    )
+
+
+def erofs_line(summary: dict[str, Any]) -> str:
+    """How the erofs image was built and mounted (from SystemSetup.summary())."""
+    how = {"file": "from the image file (no loop device)", "loop": "through a loop device"}
+    mkfs = shlex.join(["mkfs.erofs", "-z" + summary["compress"], *summary["mkfs_args"]])
+    return "erofs: `%s`, mounted by the kernel %s" % (mkfs, how[summary["mount_mode"]])
 
 
 def _mount_file(source: Path, target: Path, fstype: str) -> None:

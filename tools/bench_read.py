@@ -433,7 +433,7 @@ def header_lines(payload: dict[str, Any]) -> str:
     ]
     erofs = payload["systems"].get("erofs")
     if erofs:
-        lines.append(erofs_line(erofs))
+        lines.append(bl.erofs_line(erofs))
     retried = sum(r["attempts"] > 1 for r in payload["epochs"])
     if retried:
         disturbed = sum(r["disturbed"] for r in payload["epochs"])
@@ -442,13 +442,6 @@ def header_lines(payload: dict[str, Any]) -> str:
             "%d were still disturbed after %d attempts" % (retried, disturbed, bl.EPOCH_ATTEMPTS)
         )
     return "\n".join(lines)
-
-
-def erofs_line(summary: dict[str, Any]) -> str:
-    """How the erofs image was built and mounted (from SystemSetup.summary())."""
-    how = {"file": "from the image file (no loop device)", "loop": "through a loop device"}
-    mkfs = shlex.join(["mkfs.erofs", "-z" + summary["compress"], *summary["mkfs_args"]])
-    return "erofs: `%s`, mounted by the kernel %s" % (mkfs, how[summary["mount_mode"]])
 
 
 # ---------------------------------------------------------------- main
@@ -500,30 +493,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pack-args", default="", help='extra `fanfs pack` args, e.g. "--codec lz4"')
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` args")
-    add_erofs_args(p)
+    bl.add_erofs_args(p)
     p.add_argument("--no-hash", action="store_true", help="skip the sha256 content check")
     p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
     p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
     args = p.parse_args(argv)
     return _resolve_args(p, args, argv)
-
-
-def add_erofs_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--erofs-compress",
-        default="lz4hc",
-        help="mkfs.erofs -z ALG[,LEVEL] (default lz4hc; lzma where mkfs.erofs offers it)",
-    )
-    p.add_argument(
-        "--erofs-args", default="", help='extra mkfs.erofs args, e.g. "-C65536" (pcluster size)'
-    )
-    p.add_argument(
-        "--erofs-mount",
-        choices=bl.EROFS_MOUNT_MODES,
-        default="auto",
-        help="mount the image file itself (file), through a loop device (loop), or the first "
-        "that works (auto, the default)",
-    )
 
 
 def _resolve_args(
