@@ -36,7 +36,14 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--chunk-size",
         default="1MiB",
-        help="files larger than this are split into chunks (default 1MiB)",
+        help="files up to this size are stored as one chunk (default 1MiB)",
+    )
+    p.add_argument(
+        "--block-size",
+        default=None,
+        help="files larger than --chunk-size are stored in independently decodable blocks of "
+        "this size, so that a small read inside them decodes one block (default 128KiB; "
+        "0: in chunks of --chunk-size)",
     )
     p.add_argument(
         "--partitions",
@@ -83,6 +90,7 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("src", help="source directory (the dataset tree)")
     p.add_argument("--chunk-size", default="1MiB", help="as for fanfs pack (default 1MiB)")
+    p.add_argument("--block-size", default=None, help="as for fanfs pack (default 128KiB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument(
         "--skip-unreadable", action="store_true", help="skip unreadable files with a warning"
@@ -387,6 +395,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         codec=CodecSpec(0, 0) if auto else parse_codec(args.codec),
         auto=settings_from_args(args) if auto else None,
         chunk_size=parse_size(args.chunk_size),
+        block_size=None if args.block_size is None else parse_size(args.block_size),
         partitions=args.partitions,
         broadcast=tuple(args.broadcast),
         jobs=args.jobs,

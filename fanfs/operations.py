@@ -135,7 +135,7 @@ class Operations(pyfuse3.Operations):
         self.init_callbacks: list[Callable[[], None]] = []
         self.logged_bugs: set[tuple[str, type[BaseException]]] = set()
         self.index = store.index
-        self.chunk_size = store.chunk_size
+        self.unit = store.reader.unit
         self.noopen = noopen
         self.info = info
         self.extra_stats = extra_stats
@@ -298,7 +298,7 @@ class Operations(pyfuse3.Operations):
             return b""
         end = min(off + size, fsize)
         counters[sh.READ_BYTES] += end - off
-        cs = self.chunk_size
+        cs = self.unit(entry)  # the file's chunk or block size
         first = off // cs
         last = (end - 1) // cs
         if self.prefetcher is not None and self.prefetcher.observe(entry, first, last):

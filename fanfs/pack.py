@@ -40,6 +40,7 @@ from fanfs.format.layout import (
     bind_chunk_crc,
     chunk_count,
     chunk_length,
+    storage_unit,
 )
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import Plan, PlanSettings, class_of, make_plan
@@ -63,6 +64,10 @@ __all__ = ["PackOptions", "display", "glob_to_regex", "run_pack", "run_plan", "w
 
 
 DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
+# Files larger than a chunk are stored in blocks of this size (format 5): a 4 KiB read
+# inside an HDF5, LMDB or npy file then decodes 128 KiB, not 1 MiB (issue 12). squashfs and
+# EROFS's default cluster sizes are of this order too.
+DEFAULT_BLOCK_SIZE: Final = 128 * 1024
 # Default partition count: one per this many source bytes, at least MIN_PARTITIONS (so small
 # packs still spread over a few nodes) and at most MAX_PARTITIONS.
 PARTITION_TARGET_BYTES: Final = 128 * 1024 * 1024
@@ -85,6 +90,7 @@ class PackOptions:
     out: str
     codec: CodecSpec
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    block_size: int | None = None  # None: DEFAULT_BLOCK_SIZE if at most half a chunk, else 0
     partitions: int | None = None
     broadcast: tuple[str, ...] = ()
     jobs: int = 0
@@ -107,13 +113,15 @@ class PlanInfeasibleError(UsageError):
 
 @dataclass(frozen=True, slots=True)
 class _Task:
-    """One chunk to read: file `entry` (walker id), its path, st_size, chunk number."""
+    """One chunk to read: file `entry` (walker id), its path, st_size, chunk number, and the
+    file's unit (its chunk or block size)."""
 
     entry: int
     path: bytes
     rel: bytes
     size: int
     chunk_no: int
+    unit: int
     spec: CodecSpec
     dictionary: bytes | None
     cls: str  # optimizer class, with --codec auto
@@ -144,20 +152,19 @@ def read_chunk(path: bytes, rel: bytes, size: int, offset: int, length: int) -> 
 
 
 def _read_batch(
-    batch: list[_Task], chunk_size: int, compress_pool: concurrent.futures.Executor
+    batch: list[_Task], compress_pool: concurrent.futures.Executor
 ) -> concurrent.futures.Future[list[_Result]]:
     """Reader thread: read a batch of chunks, then hand it to the compression pool."""
     datas: list[bytes | OSError | PackInputError] = []
     for task in batch:
-        offset = task.chunk_no * chunk_size
         try:
             datas.append(
                 read_chunk(
                     task.path,
                     task.rel,
                     task.size,
-                    offset,
-                    chunk_length(task.size, chunk_size, task.chunk_no),
+                    task.chunk_no * task.unit,
+                    chunk_length(task.size, task.unit, task.chunk_no),
                 )
             )
         except (OSError, PackInputError) as exc:
@@ -201,6 +208,7 @@ class Packer:
         self.sample: TreeSample | None = None
         self.dict_ids: dict[str, int] = {}
         self.chunk_rows = _ChunkRows()
+        self.block_size = effective_block_size(opts.chunk_size, opts.block_size)
 
     def run(self) -> dict[str, Any]:
         out = os.path.abspath(self.opts.out)
@@ -229,12 +237,16 @@ class Packer:
         files = tree.regular_files()
         sizes = tree.size.array[files].astype(np.int64)
         bcast = (tree.flags.array[files] & BROADCAST) != 0
-        counts: np.ndarray = -(-sizes // self.opts.chunk_size)  # layout.chunk_count, per file
+        chunk_size = self.opts.chunk_size
+        units = np.where(
+            (sizes > chunk_size) & (self.block_size > 0), self.block_size, chunk_size
+        )  # layout.storage_unit, per file
+        counts: np.ndarray = -(-sizes // units)  # layout.chunk_count, per file
         tasks_total = int(counts.sum())
         regular = int(counts[~bcast].sum())
         bytes_total = int(sizes.sum())
         bcast_bytes = int(sizes[bcast].sum())
-        del files, sizes, bcast, counts
+        del files, sizes, bcast, counts, units
         partitions = self.opts.partitions or default_partitions(bytes_total - bcast_bytes, regular)
         bcast_parts = default_partitions(bcast_bytes, tasks_total - regular) if bcast_bytes else 0
         writer = PackWriter(tmp, partitions, bcast_parts)
@@ -252,7 +264,10 @@ class Packer:
             tree, max_entries=_sample_entries(self.opts.sample_entries), seed=settings.seed
         )
         plan = make_plan(
-            sample.files, sample_settings(settings, sample), chunk_size=self.opts.chunk_size
+            sample.files,
+            sample_settings(settings, sample),
+            chunk_size=self.opts.chunk_size,
+            block_size=self.block_size,
         )
         self.sample = sample
         if not plan.selection.feasible:
@@ -282,17 +297,19 @@ class Packer:
     def _batches(self, tree: TreeWalk) -> Iterator[list[_Task]]:
         """The chunks of the regular files in entry order, in batches of up to BATCH_CHUNKS
         chunks or BATCH_BYTES (one reader thread reads a batch's files one after the other)."""
-        chunk_size = self.opts.chunk_size
         sizes = tree.size.array
         batch: list[_Task] = []
         batch_bytes = 0
         for files in tree.regular_file_blocks():
             for entry, rel, path in tree.file_paths(files):
                 size = int(sizes[entry])
+                unit = storage_unit(size, self.opts.chunk_size, self.block_size)
                 cls, spec, dictionary = self._codec_of(rel)
-                for chunk_no in range(chunk_count(size, chunk_size)):
-                    batch.append(_Task(entry, path, rel, size, chunk_no, spec, dictionary, cls))
-                    batch_bytes += chunk_length(size, chunk_size, chunk_no)
+                for chunk_no in range(chunk_count(size, unit)):
+                    batch.append(
+                        _Task(entry, path, rel, size, chunk_no, unit, spec, dictionary, cls)
+                    )
+                    batch_bytes += chunk_length(size, unit, chunk_no)
                     if len(batch) >= BATCH_CHUNKS or batch_bytes >= BATCH_BYTES:
                         yield batch
                         batch, batch_bytes = [], 0
@@ -319,9 +336,7 @@ class Packer:
                         pending.append(
                             (
                                 batch,
-                                read_pool.submit(
-                                    _read_batch, batch, self.opts.chunk_size, compress_pool
-                                ),
+                                read_pool.submit(_read_batch, batch, compress_pool),
                             )
                         )
                     if not pending:
@@ -370,7 +385,7 @@ class Packer:
         dict_id = self.dict_ids.get(task.cls, 0) if codec != 0 else 0
         rows.append(partition, offset, len(stored), codec, crc, dict_id)
         tree.count.array[entry] = rows.n - state.first_row
-        usize = chunk_length(task.size, self.opts.chunk_size, task.chunk_no)
+        usize = chunk_length(task.size, task.unit, task.chunk_no)
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
         for table, key in ((self.codec_stats, name), (self.class_stats, task.cls)):
             stats = table.setdefault(key, [0, 0, 0])
@@ -387,11 +402,13 @@ class Packer:
         return {
             "created_by": "fanfs %s" % __version__,
             "chunk_size": self.opts.chunk_size,
+            "block_size": self.block_size,
             "options": {
                 "codec": "auto" if self.plan else str(self.opts.codec),
                 "partitions": partitions,
                 "broadcast": list(self.opts.broadcast),
                 "chunk_size": self.opts.chunk_size,
+                "block_size": self.block_size,
             },
             "totals": {
                 "files": files,
@@ -595,8 +612,22 @@ def check_inputs(opts: PackOptions) -> None:
     _sample_entries(opts.sample_entries)
     if not 4096 <= opts.chunk_size <= 64 * 1024 * 1024:
         raise UsageError("--chunk-size must be between 4KiB and 64MiB")
+    effective_block_size(opts.chunk_size, opts.block_size)
     if opts.partitions is not None and not 1 <= opts.partitions <= MAX_PARTITIONS:
         raise UsageError("--partitions must be between 1 and %d" % MAX_PARTITIONS)
+
+
+def effective_block_size(chunk_size: int, block_size: int | None) -> int:
+    """--block-size, checked, or the default where it is at most half a chunk (else 0: no
+    blocks). At most half a chunk, so that a file's chunk count tells blocks from chunks."""
+    if block_size is not None:
+        if block_size and not 4096 <= block_size <= chunk_size // 2:
+            raise UsageError(
+                "--block-size must be 0 or between 4KiB and half the chunk size (%s)"
+                % format_size(chunk_size // 2)
+            )
+        return block_size
+    return DEFAULT_BLOCK_SIZE if chunk_size >= 2 * DEFAULT_BLOCK_SIZE else 0
 
 
 def _sample_entries(value: int | None) -> int:
@@ -651,13 +682,21 @@ def run_plan(args: argparse.Namespace) -> int:
     has at most --sample-entries entries), then print the plan."""
     settings = settings_from_args(args)
     chunk_size = parse_size(args.chunk_size)
+    block_size = effective_block_size(
+        chunk_size, None if args.block_size is None else parse_size(args.block_size)
+    )
     sample = sample_tree(
         args.src,
         max_entries=_sample_entries(args.sample_entries),
         seed=settings.seed,
         skip_unreadable=args.skip_unreadable,
     )
-    plan: Plan = make_plan(sample.files, sample_settings(settings, sample), chunk_size=chunk_size)
+    plan: Plan = make_plan(
+        sample.files,
+        sample_settings(settings, sample),
+        chunk_size=chunk_size,
+        block_size=block_size,
+    )
     record = sampled_plan_record(plan, sample)
     print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
     if not plan.selection.feasible:

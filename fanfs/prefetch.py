@@ -47,6 +47,7 @@ import trio
 from fanfs import shared as sh
 from fanfs.cache import MinioCache, ObjectCache
 from fanfs.compression import CODEC_NONE
+from fanfs.format.layout import chunk_usizes
 from fanfs.logsetup import LOG_ONCE
 from fanfs.store import ChunkStore
 
@@ -375,7 +376,7 @@ class Prefetcher:
         results = []
         for entry, chunk_no, data in loaded:
             try:
-                notify(entry + 1, chunk_no * self.chunk_size, data)
+                notify(entry + 1, chunk_no * self.store.reader.unit(entry), data)
                 results.append(True)
             except OSError as exc:  # ENOENT: the kernel has no inode for it yet
                 log.debug("cannot push %s into the page cache: %s", self.index.path(entry), exc)
@@ -450,9 +451,13 @@ class CacheFiller:
         counts = np.asarray(index.count).astype(np.int64)
         files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
         starts = np.asarray(index.first)[files].astype(np.int64)
-        usizes = np.full(index.chunk_count, store.chunk_size, dtype=np.int64)
-        sizes = np.asarray(index.size)[files].astype(np.int64)
-        usizes[starts + counts[files] - 1] = sizes - (counts[files] - 1) * store.chunk_size
+        reader = store.reader
+        usizes = chunk_usizes(
+            np.asarray(index.size)[files],
+            counts[files],
+            reader.chunk_size,
+            reader.block_size,
+        ).astype(np.int64)
         # A file's chunks are consecutive ids: each chunk belongs to the last file starting
         # at or before it.
         marks = np.full(index.chunk_count, -1, dtype=np.int64)
@@ -492,7 +497,7 @@ class CacheFiller:
                     return chunks, nbytes, pushed, True  # no room left for it
             if self.notify is not None and not store.shared.pushed[cid]:
                 try:
-                    self.notify(entry + 1, (cid - first[entry]) * store.chunk_size, data)
+                    self.notify(entry + 1, (cid - first[entry]) * store.reader.unit(entry), data)
                     store.shared.pushed[cid] = 1
                     pushed += 1
                 except OSError:  # the kernel does not know the file (yet): cache only

@@ -41,7 +41,7 @@ from fanfs import shared as sh
 from fanfs.cache import LruCache, ObjectCache
 from fanfs.compression import CODEC_NONE, decompress
 from fanfs.errors import ChecksumError, CorruptDataError, FanfsError, KnownCorruptError
-from fanfs.format.layout import chunk_crc, chunk_length
+from fanfs.format.layout import chunk_crc
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
 
@@ -132,7 +132,7 @@ class ChunkStore:
         return stats
 
     def usize(self, entry: int, chunk_no: int) -> int:
-        return chunk_length(int(self.index.size[entry]), self.chunk_size, chunk_no)
+        return self.reader.chunk_usize(entry, chunk_no)
 
     def is_local(self, cid: int) -> bool:
         return bool(self._local[self.index.chunk_partition[cid]])

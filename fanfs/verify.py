@@ -41,8 +41,14 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
         "pack        %s" % path,
         "format      version %d, %s"
         % (manifest["format_version"], manifest.get("created_by", "?")),
-        "options     codec %s, chunk size %s"
-        % (opts["codec"], format_size(manifest["chunk_size"])),
+        "options     codec %s, chunk size %s, %s"
+        % (
+            opts["codec"],
+            format_size(manifest["chunk_size"]),
+            "larger files in blocks of %s" % format_size(reader.block_size)
+            if reader.block_size
+            else "no blocks",
+        ),
         "entries     %d files, %d directories, %d symlinks"
         % (totals["files"], totals["dirs"], totals["symlinks"]),
         "data        %s in, %s stored (%.2fx)"

@@ -19,6 +19,8 @@ import struct
 import zlib
 from typing import Any, Final
 
+import numpy as np
+
 from fanfs.errors import PackFormatError, UsageError
 
 MAGIC: Final = b"FANFSPK\n"
@@ -27,10 +29,14 @@ MAGIC: Final = b"FANFSPK\n"
 # Version 3 lets lz4 chunks refer to a dictionary too (a reader of version 2 would fail them).
 # Version 4 binds each chunk's crc32 to its chunk id (`chunk_crc`): a moved, swapped or
 # duplicated chunk no longer passes as good data.
-FORMAT_VERSION: Final = 4
+# Version 5 adds the manifest's `block_size`: a file larger than `chunk_size` is stored in
+# blocks of that size, so that a small read inside it decodes one small block (its chunk
+# count tells which: `file_chunk_size`).
+FORMAT_VERSION: Final = 5
 # Versions read. A version-1 pack reads as a version-2 pack without dictionaries; version 2
-# reads as version 3; version 3 as version 4 with plain chunk crc32s.
-READABLE_VERSIONS: Final = (1, 2, 3, 4)
+# reads as version 3; version 3 as version 4 with plain chunk crc32s; version 4 as version 5
+# with `block_size` 0 (every file in chunks of `chunk_size`).
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5)
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 MANIFEST_HEADER: Final = struct.Struct(
@@ -126,6 +132,48 @@ def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
         os.close(fd)
         raise PackFormatError("%s: %s is not a regular file" % (pack_dir, what))
     return fd
+
+
+def file_chunk_size(size: int, count: int, chunk_size: int, block_size: int) -> int:
+    """The uncompressed size of every chunk but the last of a file of `size` bytes stored in
+    `count` chunks: `block_size` if the count says it was split into blocks, else
+    `chunk_size` (docs/format.md section 4). Unambiguous because a block is at most half a
+    chunk: a file of more than one block has more blocks than chunks."""
+    return block_size if block_size and (count - 1) * chunk_size >= size else chunk_size
+
+
+def file_chunk_sizes(
+    sizes: np.ndarray, counts: np.ndarray, chunk_size: int, block_size: int
+) -> np.ndarray:
+    """`file_chunk_size` of many files at once (u64 arrays in, u64 array out)."""
+    out = np.full(len(sizes), chunk_size, dtype=np.uint64)
+    if block_size:
+        counts = counts.astype(np.uint64)
+        split = (counts > 1) & ((counts - np.uint64(1)) * np.uint64(chunk_size) >= sizes)
+        out[split] = block_size
+    return out
+
+
+def chunk_usizes(
+    sizes: np.ndarray, counts: np.ndarray, chunk_size: int, block_size: int
+) -> np.ndarray:
+    """The decoded size of every chunk of the table (u64), given the files whose chunks tile
+    it, in entry order: their sizes and chunk counts (u64). A file's chunks are its chunk
+    size each, but the last, which holds the remainder."""
+    per_file = file_chunk_sizes(sizes, counts, chunk_size, block_size)
+    counts = counts.astype(np.uint64)
+    usize = np.repeat(per_file, counts.astype(np.int64))
+    have = counts > 0
+    last = np.cumsum(counts, dtype=np.uint64)[have] - np.uint64(1)
+    usize[last.astype(np.int64)] = sizes[have] - (counts[have] - np.uint64(1)) * per_file[have]
+    return usize
+
+
+def storage_unit(size: int, chunk_size: int, block_size: int) -> int:
+    """The unit `fanfs pack` stores a file of `size` bytes in: blocks if it is larger than a
+    chunk (large files are where readers seek: HDF5, LMDB, npy, TFRecord) and blocks are on,
+    else one chunk per `chunk_size`."""
+    return block_size if block_size and size > chunk_size else chunk_size
 
 
 def chunk_count(size: int, chunk_size: int) -> int:

@@ -29,7 +29,13 @@ from typing import Any, Final
 
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
-from fanfs.format.layout import chunk_length, open_pack_file, partition_name, raise_open_file_limit
+from fanfs.format.layout import (
+    chunk_length,
+    file_chunk_size,
+    open_pack_file,
+    partition_name,
+    raise_open_file_limit,
+)
 from fanfs.format.validate import check_index, read_manifest
 
 # Reads of whole partitions (verify, preload) go in slices this large.
@@ -43,8 +49,9 @@ class PackReader:
         path: the pack directory.
         manifest: the decoded manifest.
         index: the loaded `Index`.
-        chunk_size: uncompressed size of every chunk but the last of each file.
-        format_version: the pack's format version (1 to 4).
+        chunk_size: uncompressed size of every chunk but the last of a file in chunks.
+        block_size: the same for a file in blocks (format 5; 0: no file is).
+        format_version: the pack's format version (1 to 5).
         partitions: the manifest's partition records (position = partition number).
         local: per partition, whether this node opened it.
     """
@@ -56,6 +63,7 @@ class PackReader:
         self.manifest: dict[str, Any] = read_manifest(path)
         self.format_version: int = self.manifest["format_version"]
         self.chunk_size: int = self.manifest["chunk_size"]
+        self.block_size: int = self.manifest.get("block_size", 0)
         self.partitions: list[dict[str, Any]] = self.manifest["partitions"]
         self.index = Index(path, self.manifest["index"], self.format_version)
         # Position = dictionary id; id 0 means "no dictionary".
@@ -66,6 +74,7 @@ class PackReader:
             path,
             self.index.arrays,
             chunk_size=self.chunk_size,
+            block_size=self.block_size,
             partition_sizes=[part["size"] for part in self.partitions],
             dictionaries=len(self._dicts) - 1,
             version=self.format_version,
@@ -204,9 +213,17 @@ class PackReader:
             raise OSError(errno.EIO, "short read of %d bytes (expected %d)" % (len(data), length))
         return data
 
+    def unit(self, entry: int) -> int:
+        """The uncompressed size of every chunk but the last of file `entry`: the pack's
+        chunk size, or its block size for a file stored in blocks. O(1)."""
+        index = self.index
+        return file_chunk_size(
+            index.size[entry], index.count[entry], self.chunk_size, self.block_size
+        )
+
     def chunk_usize(self, entry: int, chunk_no: int) -> int:
         """Uncompressed size of the `chunk_no`-th chunk of file `entry`."""
-        return chunk_length(int(self.index.size[entry]), self.chunk_size, chunk_no)
+        return chunk_length(int(self.index.size[entry]), self.unit(entry), chunk_no)
 
     def verify_partition(self, number: int) -> bool:
         """Whether partition `number` matches its manifest crc32. Blocking: reads it all."""

@@ -13,8 +13,9 @@ Python work. After these checks:
   entry ends at the root; every directory's children are exactly the run of entries that
   name it as parent, and the names sit in the canonical layout of the names blob, each 1..255
   bytes without `/` or NUL and neither `.` nor `..`;
-- every regular file has exactly ceil(size / chunk_size) chunks, and the files' chunk ranges
-  tile the chunk table in entry order, so a chunk id names one (file, chunk number);
+- every regular file has exactly ceil(size / chunk_size) chunks, or (version 5) exactly
+  ceil(size / block_size) blocks, and the files' chunk ranges tile the chunk table in entry
+  order, so a chunk id names one (file, chunk number);
 - every chunk lies inside its partition, decodes to at most the chunk size, has a known
   codec byte and an existing dictionary, and a raw chunk is exactly its decoded size.
 
@@ -47,6 +48,8 @@ from fanfs.format.layout import (
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_CONTAINERS,
     READABLE_VERSIONS,
+    chunk_usizes,
+    file_chunk_sizes,
     index_columns,
     open_pack_file,
     partition_name,
@@ -148,7 +151,16 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
     """Check every manifest field a reader, `inspect` or staging uses (docs/format.md §2)."""
     top = _Schema(pack, manifest, "")
     top.text("created_by")
-    top.integer("chunk_size", MIN_CHUNK_SIZE, MAX_CHUNK_SIZE)
+    chunk_size = top.integer("chunk_size", MIN_CHUNK_SIZE, MAX_CHUNK_SIZE)
+    if version >= 5:
+        # At most half a chunk, so that a file's chunk count tells blocks from chunks.
+        block_size = top.integer("block_size", 0, chunk_size // 2)
+        if 0 < block_size < MIN_CHUNK_SIZE:
+            raise _fail(
+                pack,
+                "manifest field block_size is %d, expected 0 or %d..%d"
+                % (block_size, MIN_CHUNK_SIZE, chunk_size // 2),
+            )
     options = top.sub("options")
     options.text("codec")
     options.integer("partitions", 0, MAX_PARTITION_FILES)
@@ -248,6 +260,7 @@ class _IndexCheck:
         arrays: Mapping[str, np.ndarray],
         *,
         chunk_size: int,
+        block_size: int,
         partition_sizes: list[int],
         dictionaries: int,
         version: int,
@@ -255,6 +268,7 @@ class _IndexCheck:
         self.pack = pack
         self.a = arrays
         self.chunk_size = chunk_size
+        self.block_size = block_size
         self.partition_sizes = partition_sizes
         self.dictionaries = dictionaries
         self.version = version
@@ -426,8 +440,9 @@ class _IndexCheck:
                 raise self.fail("names", int(short[bad]), "is '.' or '..'")
 
     def files(self) -> None:
-        """Each file has ceil(size / chunk_size) chunks, and the files' chunk ranges tile the
-        chunk table in entry order (chunk id <-> (file, chunk number) is a bijection)."""
+        """Each file has ceil(size / chunk_size) chunks, or ceil(size / block_size) blocks,
+        and the files' chunk ranges tile the chunk table in entry order (chunk id <-> (file,
+        chunk number) is a bijection)."""
         a = self.a
         files = np.flatnonzero(self.is_reg)
         sizes = a["size"][files]
@@ -435,20 +450,22 @@ class _IndexCheck:
         if bad is not None:
             raise self.fail("size", int(files[bad]), "= %d is too large" % sizes[bad])
         counts = a["count"][files].astype(np.uint64)
-        cs = np.uint64(self.chunk_size)
-        bad = _first_bad(counts != (sizes + cs - np.uint64(1)) // cs)
+        # The unit each count implies (blocks only where the count is too large for chunks);
+        # a count that is right for neither unit fails here.
+        units = file_chunk_sizes(sizes, counts, self.chunk_size, self.block_size)
+        bad = _first_bad(counts != (sizes + units - np.uint64(1)) // units)
         if bad is not None:
             e = int(files[bad])
+            expected = "%d chunks of %d" % (-(-int(sizes[bad]) // self.chunk_size), self.chunk_size)
+            if self.block_size:
+                expected += " or %d blocks of %d" % (
+                    -(-int(sizes[bad]) // self.block_size),
+                    self.block_size,
+                )
             raise self.fail(
                 "count",
                 e,
-                "= %d, but a file of %d bytes has %d chunks of %d"
-                % (
-                    counts[bad],
-                    sizes[bad],
-                    -(-int(sizes[bad]) // self.chunk_size),
-                    self.chunk_size,
-                ),
+                "= %d, but a file of %d bytes has %s" % (counts[bad], sizes[bad], expected),
             )
         ends = np.cumsum(counts, dtype=np.uint64)
         bad = _first_bad(a["first"][files] != ends - counts)
@@ -466,16 +483,11 @@ class _IndexCheck:
                 self.pack,
                 "index: files use %d chunks, the chunk table has %d" % (used, self.chunks),
             )
-        self._files, self._counts, self._sizes = files, counts, sizes
+        self._counts, self._sizes = counts, sizes
 
     def usizes(self) -> np.ndarray:
-        """Decoded size of every chunk: the chunk size, but the remainder for a file's last."""
-        usize = np.full(self.chunks, self.chunk_size, dtype=np.uint64)
-        have = self._counts > 0
-        last = np.cumsum(self._counts, dtype=np.uint64)[have] - np.uint64(1)
-        cs = np.uint64(self.chunk_size)
-        usize[last.astype(np.int64)] = self._sizes[have] - (self._counts[have] - np.uint64(1)) * cs
-        return usize
+        """Decoded size of every chunk: the file's unit, but the remainder for its last."""
+        return chunk_usizes(self._sizes, self._counts, self.chunk_size, self.block_size)
 
     def chunk_table(self) -> None:
         a = self.a
@@ -547,6 +559,7 @@ def check_index(
     arrays: Mapping[str, np.ndarray],
     *,
     chunk_size: int,
+    block_size: int = 0,
     partition_sizes: list[int],
     dictionaries: int,
     version: int,
@@ -557,6 +570,7 @@ def check_index(
         pack,
         arrays,
         chunk_size=chunk_size,
+        block_size=block_size,
         partition_sizes=partition_sizes,
         dictionaries=dictionaries,
         version=version,

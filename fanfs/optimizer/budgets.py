@@ -102,6 +102,7 @@ def make_plan(
     settings: PlanSettings,
     *,
     chunk_size: int,
+    block_size: int = 0,
     measure_fn: MeasureFn = measure,
     reader: Callable[[bytes, int, int], tuple[bytes, float]] = read_unit,
 ) -> Plan:
@@ -110,6 +111,7 @@ def make_plan(
     classes, reads = sample_classes(
         files,
         chunk_size=chunk_size,
+        block_size=block_size,
         sample_bytes=settings.sample_bytes,
         seed=settings.seed,
         reader=reader,

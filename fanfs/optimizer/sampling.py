@@ -11,7 +11,7 @@ from typing import Final
 
 import numpy as np
 
-from fanfs.format.layout import chunk_count
+from fanfs.format.layout import chunk_count, chunk_length, storage_unit
 from fanfs.optimizer.classes import FileRef, build_classes, class_of
 
 # Every class gets at least this share of the sample budget whatever its size, so small
@@ -73,22 +73,28 @@ def _allocate(sizes: list[int], budget: int) -> list[int]:
 
 
 def _pick_units(
-    members: list[FileRef], chunk_size: int, want: int, rng: np.random.Generator
-) -> list[tuple[FileRef, int, int]]:
-    """Chunks of `members` in random order until `want` bytes (at least one chunk)."""
-    counts = np.array([chunk_count(f.size, chunk_size) for f in members], dtype=np.int64)
+    members: list[FileRef], chunk_size: int, block_size: int, want: int, rng: np.random.Generator
+) -> list[tuple[FileRef, int, int, int]]:
+    """Chunks of `members` in random order until `want` bytes (at least one chunk), as
+    (file, chunk number, offset, length): the units the pack will compress (blocks for a
+    file larger than a chunk)."""
+    units = [storage_unit(f.size, chunk_size, block_size) for f in members]
+    counts = np.array(
+        [chunk_count(f.size, unit) for f, unit in zip(members, units, strict=True)],
+        dtype=np.int64,
+    )
     ends = np.cumsum(counts)
     total = int(ends[-1]) if len(ends) else 0
-    picked: list[tuple[FileRef, int, int]] = []
+    picked: list[tuple[FileRef, int, int, int]] = []
     got = 0
     if total == 0:
         return picked
-    for unit in rng.permutation(total).tolist():
-        i = int(np.searchsorted(ends, unit, side="right"))
+    for number in rng.permutation(total).tolist():
+        i = int(np.searchsorted(ends, number, side="right"))
         f = members[i]
-        k = unit - (int(ends[i - 1]) if i else 0)
-        length = min(chunk_size, f.size - k * chunk_size)
-        picked.append((f, k, length))
+        k = number - (int(ends[i - 1]) if i else 0)
+        length = chunk_length(f.size, units[i], k)
+        picked.append((f, k, k * units[i], length))
         got += length
         if got >= want:
             break
@@ -139,6 +145,7 @@ def sample_classes(
     files: Sequence[FileRef],
     *,
     chunk_size: int,
+    block_size: int = 0,
     sample_bytes: int,
     seed: int,
     reader: Callable[[bytes, int, int], tuple[bytes, float]] = read_unit,
@@ -157,7 +164,9 @@ def sample_classes(
     for cls in classes:
         group = members[cls.name]
         cls.files, cls.total_bytes = len(group), sum(f.size for f in group)
-        cls.chunks = sum(chunk_count(f.size, chunk_size) for f in group)
+        cls.chunks = sum(
+            chunk_count(f.size, storage_unit(f.size, chunk_size, block_size)) for f in group
+        )
     wants = _allocate([c.total_bytes for c in classes], sample_bytes)
     reads: list[tuple[int, float]] = []
     for cls, want in zip(classes, wants, strict=True):
@@ -167,14 +176,16 @@ def sample_classes(
             read = max(want, min(cls.total_bytes, DICT_SAMPLE_BYTES))
         rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
         got = 0
-        for f, k, length in _pick_units(members[cls.name], chunk_size, read, rng):
+        for f, k, offset, length in _pick_units(
+            members[cls.name], chunk_size, block_size, read, rng
+        ):
             if read > want and got >= want:
                 if cls.measured < 0:
                     cls.measured = len(cls.units)
                 if len(cls.units) >= DICT_SAMPLE_UNITS:
                     break
             got += length
-            data, seconds = reader(f.path, k * chunk_size, length)
+            data, seconds = reader(f.path, offset, length)
             if len(data) != length:
                 raise OSError(
                     "%s changed while being sampled" % f.path.decode("utf-8", "backslashreplace")

@@ -6,8 +6,8 @@ Writes `src.tar.gz` (the source tree, with names, modes, mtimes and symlinks) an
 codec (`zstd.fan`, `lz4.fan`, `brotli.fan`; from version 2 also `lzma.fan`, and `auto.fan`,
 whose plan stores small JSON files with a zstd dictionary; from version 3 also `lz4dict.fan`,
 whose plan stores them with lz4 and a dictionary, and `shuffle.fan`, zstd after a 4-byte
-shuffle; version 4 has the same packs, with chunk checksums bound to their chunk ids) packed
-from it. Commit them and never regenerate
+shuffle; version 4 has the same packs, with chunk checksums bound to their chunk ids; version
+5 adds `blocks.fan`, a file larger than a chunk in blocks) packed from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
@@ -40,6 +40,10 @@ CODECS_V3 = {
     "lz4dict.fan": "auto --codecs lz4hc:9+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
     "shuffle.fan": "zstd:3+shuf4",
 }
+# Version 5: a file larger than a chunk stored in blocks (data/text.txt, 9000 bytes: three
+# blocks of 4 KiB; data/exact.txt, 8192 bytes, stays one chunk). Given after PACK_ARGS.
+EXTRA_ARGS = {"blocks.fan": ["--chunk-size", "8KiB", "--block-size", "4KiB"]}
+CODECS_V5 = {**CODECS_V3, "blocks.fan": "zstd:3"}
 PACK_ARGS = [
     "--chunk-size",
     "4KiB",
@@ -154,7 +158,15 @@ def main() -> None:
         src.mkdir()
         build_tree(src, FORMAT_VERSION)
         write_tar(src, out / "src.tar.gz")
-        codecs = CODECS_V3 if FORMAT_VERSION >= 3 else CODECS_V2 if FORMAT_VERSION >= 2 else CODECS
+        codecs = (
+            CODECS_V5
+            if FORMAT_VERSION >= 5
+            else CODECS_V3
+            if FORMAT_VERSION >= 3
+            else CODECS_V2
+            if FORMAT_VERSION >= 2
+            else CODECS
+        )
         for name, codec in codecs.items():
             cmd = [
                 sys.executable,
@@ -166,6 +178,7 @@ def main() -> None:
                 "--codec",
                 *codec.split(),
                 *PACK_ARGS,
+                *EXTRA_ARGS.get(name, []),
             ]
             subprocess.run(cmd, check=True)
 

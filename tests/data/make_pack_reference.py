@@ -1,6 +1,7 @@
 """Record tests/data/pack-reference.json: the sha256 of every file of the packs that
 `tests/reftree.py`'s scenarios give. Run once, with the pack code whose bytes are the
-reference (it was run at commit 9cd7d7e, before the streaming pack of issue 11):
+reference (it was run at commit 9cd7d7e, before the streaming pack of issue 11, and again
+at format 5, which changed the manifests only: every index and partition digest stayed):
 
     .venv/bin/python tests/data/make_pack_reference.py
 

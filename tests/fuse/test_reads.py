@@ -216,9 +216,10 @@ def own_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def own_pack(own_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("own-pack") / "own.fan"
-    # The default 1 MiB chunks: larger than the inline-decode limit, and the kernel asks for
-    # them in pieces, so reads go through worker threads and the decoded-chunk cache.
-    result = run_fanfs("pack", own_tree, out, "-q")
+    # Files above the default 1 MiB chunk in blocks (format 5) of 512 KiB: larger than the
+    # inline-decode limit, and the kernel asks for them in pieces, so reads go through worker
+    # threads and the decoded-chunk cache.
+    result = run_fanfs("pack", own_tree, out, "-q", "--block-size", "512KiB")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -334,5 +335,5 @@ def test_fresh_mount_concurrent_readers_and_numpy(
     s = stats(mount.mnt)
     assert s["noopen"] is ("--no-noopen" not in MODES[mode])
     assert (s["data_errors"], s["internal_errors"], s["corrupt_chunks"]) == (0, 0, 0)
-    assert s["thread_decodes"] > 0  # premise: the 1 MiB chunks were decoded in worker threads
+    assert s["thread_decodes"] > 0  # premise: the 512 KiB blocks were decoded in worker threads
     assert_clean_log(mount)

@@ -665,6 +665,7 @@ GOLDEN_CODECS = {
     "auto.fan": 2,
     "lz4dict.fan": 1,
     "shuffle.fan": 0x22,
+    "blocks.fan": 2,
 }
 # Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
 # dictionary 1: version 3's lz4 chunks with a dictionary.
@@ -704,12 +705,19 @@ def test_golden_pack_reads_back_its_source(golden: Path) -> None:
                 assert _read(reader, entry) == extracted.read(), rel
     # Layout facts the golden source was built to exercise.
     assert reader.manifest["format_version"] == int(golden.parent.name.removeprefix("golden-v"))
-    assert reader.chunk_size == 4096
     counts = {
         name: index.count[lookup_path(index, name)]
         for name in (b"data/text.txt", b"data/exact.txt", b"data/empty")
     }
-    assert counts == {b"data/text.txt": 3, b"data/exact.txt": 2, b"data/empty": 0}
+    if golden.name == "blocks.fan":
+        # 9000 bytes > one 8 KiB chunk: three blocks of 4 KiB; 8192 bytes: one chunk.
+        assert (reader.chunk_size, reader.block_size) == (8192, 4096)
+        assert counts == {b"data/text.txt": 3, b"data/exact.txt": 1, b"data/empty": 0}
+        text = lookup_path(index, b"data/text.txt")
+        assert [reader.chunk_usize(text, k) for k in range(3)] == [4096, 4096, 808]
+    else:
+        assert (reader.chunk_size, reader.block_size) == (4096, 0)
+        assert counts == {b"data/text.txt": 3, b"data/exact.txt": 2, b"data/empty": 0}
     owners = _owner_of_chunks(reader)
     broadcast = {
         owners[c] for c in owners if reader.partitions[index.chunk_partition[c]]["broadcast"]

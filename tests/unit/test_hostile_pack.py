@@ -155,6 +155,17 @@ def test_a_fifo_or_symlink_index_or_manifest_is_refused(
             True,
             "manifest field chunk_size is True, expected an integer in 4096..67108864",
         ),
+        (
+            # At most half a chunk (4096 // 2): else a chunk count could mean either unit.
+            "block_size",
+            4096,
+            "manifest field block_size is 4096, expected an integer in 0..2048",
+        ),
+        (
+            "block_size",
+            None,
+            "manifest field block_size is None, expected an integer in 0..2048",
+        ),
         ("partitions", [], "manifest field partitions is empty"),
         (
             "partitions",
@@ -348,6 +359,44 @@ def test_a_file_count_that_disagrees_with_its_size_is_refused(
     )
 
 
+def test_a_block_size_below_4k_is_refused(tmp_path: Path, forged: Path, mountpoint: Path) -> None:
+    """Blocks of a few bytes would make a file of millions of chunks legal."""
+    src = tmp_path / "src"
+    write_tree(src, {"big.txt": label_text(3 * 8192, 9)})
+    pack = tmp_path / "blocks.fan"
+    result = run_fanfs("pack", src, pack, "-q", "--chunk-size", "8KiB", "--block-size", "4KiB")
+    assert result.returncode == 0, result.stderr
+
+    def forge(manifest: dict[str, Any]) -> None:
+        manifest["block_size"] = 16
+
+    PackImage(pack).save(forged, after=forge)
+    assert_refused(forged, mountpoint, "manifest field block_size is 16, expected 0 or 4096..4096")
+
+
+def test_a_block_count_that_disagrees_with_its_size_is_refused(
+    tmp_path: Path, forged: Path, mountpoint: Path
+) -> None:
+    """A file in blocks must have exactly ceil(size / block_size) of them; a count that is
+    right for neither unit is named with both."""
+    src = tmp_path / "src"
+    write_tree(src, {"big.txt": label_text(3 * 8192, 9), "small.txt": b"x"})
+    pack = tmp_path / "blocks.fan"
+    result = run_fanfs("pack", src, pack, "-q", "--chunk-size", "8KiB", "--block-size", "4KiB")
+    assert result.returncode == 0, result.stderr
+    image = PackImage(pack)
+    e = _entry(image, "big.txt")
+    assert image.columns["count"][e] == 6  # 24576 bytes: 6 blocks of 4 KiB, not 3 chunks
+    image.columns["size"][e] = 5 * 4096
+    image.save(forged)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: count[%d] = 6, but a file of 20480 bytes has 3 chunks of 8192 or 5 blocks of "
+        "4096" % e,
+    )
+
+
 @pytest.mark.parametrize(("byte", "what"), [(b"/", "'/'"), (b"\0", "NUL")])
 def test_a_name_with_a_slash_or_nul_is_refused(
     image: PackImage, forged: Path, mountpoint: Path, byte: bytes, what: str
@@ -407,7 +456,7 @@ def test_an_unknown_codec_is_refused(image: PackImage, forged: Path, mountpoint:
     image.columns["codec"][0] = 9
     image.save(forged)
     assert_refused(
-        forged, mountpoint, "index: codec[0] = 9 is not a codec byte of format version 4"
+        forged, mountpoint, "index: codec[0] = 9 is not a codec byte of format version 5"
     )
 
 

@@ -100,6 +100,64 @@ def test_read_returns_the_source_bytes_at_any_offset_and_length(
     assert bytes(got) == FILES[rel][off : off + size]
 
 
+# Format 5: files larger than a chunk (8 KiB here) in blocks of 4 KiB, beside one-chunk files.
+BLOCK_FILES = {
+    "blocks.bin": label_text(5 * CHUNK + 123, 4),  # 6 blocks
+    "two_blocks.bin": label_text(2 * CHUNK + 1, 5),  # 3 blocks (just over a chunk)
+    "chunk.bin": label_text(2 * CHUNK, 6),  # exactly one 8 KiB chunk
+    "small.txt": label_text(1000, 7),
+    "raw.bin": os.urandom(3 * CHUNK + 5),  # incompressible: raw blocks
+}
+
+
+@pytest.fixture(scope="module")
+def block_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = write_tree(tmp_path_factory.mktemp("blocks") / "src", BLOCK_FILES)
+    out = src.parent / "p.fan"
+    result = run_fanfs(
+        "pack", src, out, "-q", "--chunk-size", "8KiB", "--block-size", "4KiB", "--partitions", "2"
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def block_ops(block_pack: Path) -> Iterator[Operations]:
+    operations = make_ops(block_pack)
+    yield operations
+    operations.store.reader.close()
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rel=st.sampled_from(sorted(BLOCK_FILES)),
+    off=st.integers(0, 6 * CHUNK),
+    size=st.integers(0, 6 * CHUNK),
+)
+def test_blocks_read_back_the_source_at_any_offset_and_length(
+    block_ops: Operations, rel: str, off: int, size: int
+) -> None:
+    inode = inode_of(block_ops, rel)
+    got = trio.run(block_ops.read, inode, off, size)
+    assert bytes(got) == BLOCK_FILES[rel][off : off + size]
+
+
+def test_a_small_read_inside_a_file_in_blocks_decodes_one_block(block_pack: Path) -> None:
+    block_ops = make_ops(block_pack)  # nothing decoded or cached yet
+    reader = block_ops.store.reader
+    entry = inode_of(block_ops, "blocks.bin") - 1
+    assert reader.unit(entry) == CHUNK and reader.index.count[entry] == 6
+    assert reader.unit(inode_of(block_ops, "chunk.bin") - 1) == 2 * CHUNK
+    counters = block_ops.shared.counters
+    before = counters[sh.BYTES_DECODED]
+    got = trio.run(block_ops.read, entry + 1, 3 * CHUNK + 100, 200)
+    assert bytes(got) == BLOCK_FILES["blocks.bin"][3 * CHUNK + 100 : 3 * CHUNK + 300]
+    assert counters[sh.BYTES_DECODED] - before == CHUNK  # one block, not the whole file
+    reader.close()
+
+
 def test_getattr_reports_the_source_sizes(ops: Operations) -> None:
     for rel, data in FILES.items():
         attr = trio.run(ops.getattr, inode_of(ops, rel))

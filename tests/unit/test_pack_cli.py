@@ -183,6 +183,14 @@ def test_out_parent_missing(src: Path, tmp_path: Path) -> None:
         ),
         (["--chunk-size", "1KiB"], "--chunk-size must be between 4KiB and 64MiB"),
         (["--chunk-size", "65MiB"], "--chunk-size must be between 4KiB and 64MiB"),
+        (
+            ["--block-size", "1MiB"],
+            "--block-size must be 0 or between 4KiB and half the chunk size (512.0 KiB)",
+        ),
+        (
+            ["--chunk-size", "8KiB", "--block-size", "2KiB"],
+            "--block-size must be 0 or between 4KiB and half the chunk size (4.0 KiB)",
+        ),
         (["--partitions", "0"], "--partitions must be between 1 and 4096"),
         (["--partitions", "4097"], "--partitions must be between 1 and 4096"),
     ],

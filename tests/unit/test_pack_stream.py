@@ -1,10 +1,12 @@
 """The streaming pack (issue 11): byte-identical output to the pre-streaming code, bounded
 memory per file, many source reads in flight, and a bounded `fanfs plan`.
 
-Byte identity is checked two ways: the golden-v4 sources repack to exactly the committed
-golden-v4 packs (tests/data/make_golden.py's options), and the reference tree of
-tests/reftree.py packs, under several option sets, to exactly the digests that the
-pre-streaming code recorded in tests/data/pack-reference.json.
+Byte identity is checked three ways: the golden sources of the current format repack to
+exactly its committed golden packs (tests/data/make_golden.py's options); the golden-v4
+sources repack to golden-v4's index and partitions byte for byte (format 5 changed only the
+manifest of a pack without blocks); and the reference tree of tests/reftree.py packs, under
+several option sets, to exactly the digests in tests/data/pack-reference.json (recorded by
+the pre-streaming code; the manifests again at format 5).
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ import fanfs.pack
 from fanfs.cli import main as fanfs_main
 from fanfs.compression import CODEC_ZSTD, parse_codec
 from fanfs.errors import UsageError
+from fanfs.format.layout import FORMAT_VERSION
 from fanfs.pack import PackOptions, run_pack
 from fanfs.sample import generate_small
 from fanfs.verify import verify_pack
 from fanfs.walk import sample_tree, walk_tree
 from tests.conftest import lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
-from tests.data.make_golden import CODECS_V3, MTIME, PACK_ARGS
+from tests.data.make_golden import CODECS_V3, CODECS_V5, EXTRA_ARGS, MTIME, PACK_ARGS
 from tests.reftree import SCENARIOS, build_reference_tree, pack_digests
 from tests.unit.test_format import _read as read_back
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-GOLDEN = DATA_DIR / "golden-v4"
+GOLDEN = DATA_DIR / ("golden-v%d" % FORMAT_VERSION)
+GOLDEN_V4 = DATA_DIR / "golden-v4"
 REFERENCE = json.loads((DATA_DIR / "pack-reference.json").read_text())
 
 
@@ -48,11 +52,10 @@ def _pack(src: Path, out: Path, *args: str) -> None:
     assert fanfs_main(["pack", str(src), str(out), *args]) == 0
 
 
-@pytest.fixture(scope="module")
-def golden_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("golden") / "src"
+def _extract_golden(tmp_path_factory: pytest.TempPathFactory, golden: Path) -> Path:
+    src = tmp_path_factory.mktemp(golden.name) / "src"
     src.mkdir()
-    with tarfile.open(GOLDEN / "src.tar.gz") as tar:
+    with tarfile.open(golden / "src.tar.gz") as tar:
         tar.extractall(src, filter="fully_trusted")
         for member in tar.getmembers():  # tarfile leaves symlinks' own mtimes unset
             if member.issym():
@@ -61,19 +64,50 @@ def golden_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
+@pytest.fixture(scope="module")
+def golden_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _extract_golden(tmp_path_factory, GOLDEN)
+
+
+@pytest.fixture(scope="module")
+def golden_v4_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _extract_golden(tmp_path_factory, GOLDEN_V4)
+
+
 # Packs whose bytes follow the dictionary trainer, which issue 14 changed on purpose (fixed
 # training parameters, the dictionary size chosen by measurement): their golden-v4 copies stay
 # as packs to read (test_format), and their repacks are checked for determinism instead.
 TRAINED = {"auto.fan", "lz4dict.fan"}
 
 
-@pytest.mark.parametrize("name", sorted(set(CODECS_V3) - TRAINED))
+@pytest.mark.parametrize("name", sorted(set(CODECS_V5) - TRAINED))
 def test_golden_sources_repack_to_the_golden_bytes(
     golden_src: Path, tmp_path: Path, name: str
 ) -> None:
     out = tmp_path / name
-    _pack(golden_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS)
+    _pack(
+        golden_src,
+        out,
+        "--codec",
+        *CODECS_V5[name].split(),
+        *PACK_ARGS,
+        *EXTRA_ARGS.get(name, []),
+    )
     assert pack_digests(out, with_manifest=True) == pack_digests(GOLDEN / name, with_manifest=True)
+
+
+@pytest.mark.parametrize("name", sorted(set(CODECS_V3) - TRAINED))
+def test_format_4_data_bytes_are_unchanged(golden_v4_src: Path, tmp_path: Path, name: str) -> None:
+    """Format 5 added blocks for files larger than a chunk: a pack with none (golden-v4's
+    4 KiB chunks leave no room for blocks) has format 4's index and partitions, byte for
+    byte, and only the manifest differs (version, `block_size`)."""
+    out = tmp_path / name
+    _pack(golden_v4_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS)
+    assert pack_digests(out, with_manifest=False) == pack_digests(
+        GOLDEN_V4 / name, with_manifest=False
+    )
+    manifest = json.loads((out / "fanfs.manifest").read_bytes()[20:])
+    assert (manifest["format_version"], manifest["block_size"]) == (5, 0)
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))

@@ -153,7 +153,7 @@ def test_inspect(good_pack: Path) -> None:
     fields = {line[:12].strip(): line[12:] for line in lines[:7]}
     assert fields["pack"] == str(good_pack)
     assert fields["format"] == "version %d, fanfs %s" % (FORMAT_VERSION, __version__)
-    assert fields["options"] == "codec zstd:3, chunk size 64.0 KiB"
+    assert fields["options"] == "codec zstd:3, chunk size 64.0 KiB, no blocks"
     assert fields["entries"] == "6 files, 3 directories, 1 symlinks"
     bytes_in = sum(len(d) for d in FILES.values())
     bytes_out = sum(p.stat().st_size for p in good_pack.glob("part-*"))
