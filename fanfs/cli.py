@@ -207,7 +207,7 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="auto",
         metavar="SIZE",
         help="read-ahead buffer per serving process "
-        "(default: 1/32 of available memory, 64MiB-1GiB)",
+        "(default: 1/32 of available memory, 64MiB-1GiB, shared out among the serving processes)",
     )
     g.add_argument(
         "--prefetch-into",
@@ -240,7 +240,8 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=0,
         metavar="N",
-        help="serving processes (default: 2, at most one per core; needs the patched pyfuse3)",
+        help="serving processes (default: 2 + cores/8, at most 8 and one per usable core; "
+        "needs the patched pyfuse3)",
     )
     c = p.add_argument_group(
         "cluster mode (one daemon per node under mpirun/srun; docs/cluster.md)"

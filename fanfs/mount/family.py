@@ -21,9 +21,11 @@ from fanfs.mount.options import MountConfig
 log = logging.getLogger("fanfs.mount")
 
 
-# Serving processes by default: two use both cores of a small node and most of the gain on a
-# large one (each process is one trio thread; DESIGN.md section 4).
-DEFAULT_PROCESSES: Final = 2
+# Serving processes by default: two on a small node (both cores of the 2-core machines where
+# it was measured: DESIGN.md section 4), one more per 8 usable cores, at most this many. Each
+# process is one trio thread serving up to ~30k requests/s; an idle one costs no CPU, only its
+# read-ahead buffer, whose default is a share of one node-wide budget (mount.serve).
+MAX_DEFAULT_PROCESSES: Final = 8
 # How long the first process waits for the others to exit after the unmount.
 REAP_WAIT_S: Final = 5.0
 PR_SET_PDEATHSIG: Final = 1
@@ -37,8 +39,24 @@ def serving_processes(pyfuse3: Any, config: MountConfig) -> int:
                 "serving with 1 process: pyfuse3 lacks the fanfs patch (run tools/setup.sh)"
             )
         return 1
-    cpus = os.cpu_count() or 1
-    return max(1, min(config.processes or DEFAULT_PROCESSES, cpus))
+    cpus = usable_cpus()
+    return max(1, min(config.processes or default_processes(cpus), cpus))
+
+
+def default_processes(cpus: int) -> int:
+    """Serving processes for a node with `cpus` usable cores: 2 + cpus // 8 (2 up to 7
+    cores, 4 at 16, 6 at 32), at most MAX_DEFAULT_PROCESSES (from 48 cores), never more
+    than cpus."""
+    return max(1, min(cpus, 2 + cpus // 8, MAX_DEFAULT_PROCESSES))
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (a Slurm job or a cgroup may grant fewer than the
+    node has)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def fork_servers(processes: int) -> tuple[int, list[int]]:

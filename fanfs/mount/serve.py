@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import Any
+from typing import Any, Final
 
 from fanfs._memory import available_memory
 from fanfs.errors import FanfsError
@@ -20,6 +20,9 @@ from fanfs.mount.options import MountConfig, hints_socket_path
 from fanfs.mount.preload import reserve_preload, run_preload
 from fanfs.mount.signals import enable_faulthandler, handle_signals, remember_signal
 from fanfs.shared import SharedState
+
+# The least read-ahead buffer a serving process gets by default (its share of the node's).
+MIN_DEFAULT_PREFETCH: Final = 16 << 20
 
 # The logger of the whole `fanfs mount` command, whichever module of it writes: the log says
 # "fanfs.mount: mounted ...", as it always has.
@@ -61,14 +64,17 @@ def serve(
     return 0
 
 
-def memory_budgets(config: MountConfig) -> tuple[int, int]:
-    """(object cache, prefetch memory) in bytes: the options, or defaults from the node's
-    available memory."""
+def memory_budgets(config: MountConfig, processes: int) -> tuple[int, int]:
+    """(object cache, prefetch memory per serving process) in bytes: the options, or
+    defaults from the node's available memory (the read-ahead default is one node-wide
+    budget shared by the `processes` serving processes, so more processes take no more)."""
     from fanfs.prefetch import default_cache_memory, default_memory
 
     available = available_memory() or 4 << 30
     cache = config.cache_memory if config.cache_memory >= 0 else default_cache_memory(available)
-    return cache, config.prefetch_memory or default_memory(available)
+    if config.prefetch_memory:
+        return cache, config.prefetch_memory
+    return cache, max(MIN_DEFAULT_PREFETCH, default_memory(available) // processes)
 
 
 def build_operations(
@@ -80,7 +86,7 @@ def build_operations(
 
     processes = serving_processes(pyfuse3, config)
     chunks = reader.index.chunk_count
-    cache_memory, prefetch_memory = memory_budgets(config)
+    cache_memory, prefetch_memory = memory_budgets(config, processes)
     objects = make_cache(config.cache_policy, cache_memory, chunks=chunks, processes=processes)
     # The background filler of a single-node mount is a process of its own, with its own row
     # of counters (cluster mounts fill in a thread: see fork_filler).

@@ -1,0 +1,48 @@
+"""Defaults `fanfs mount` derives from the node: how many serving processes, and how the
+default read-ahead memory is shared among them (issue 12: a 64-core node is not held to two
+serving processes, and more processes take no more memory)."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from fanfs.mount.family import default_processes, serving_processes, usable_cpus
+from fanfs.mount.options import MountConfig
+from fanfs.mount.serve import MIN_DEFAULT_PREFETCH, memory_budgets
+from fanfs.prefetch import default_memory
+
+
+@pytest.mark.parametrize(
+    ("cpus", "expected"),
+    [(1, 1), (2, 2), (4, 2), (8, 3), (16, 4), (32, 6), (48, 8), (64, 8), (256, 8)],
+)
+def test_default_serving_processes_grow_with_the_cores(cpus: int, expected: int) -> None:
+    assert default_processes(cpus) == expected
+
+
+def test_usable_cpus_are_the_affinity_mask() -> None:
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def _config(**kw: object) -> MountConfig:
+    return MountConfig(pack="p", mountpoint="m", **kw)  # type: ignore[arg-type]
+
+
+def test_processes_never_exceed_the_usable_cores_and_need_the_patch() -> None:
+    patched = types.SimpleNamespace(FANFS_PATCH_LEVEL=4)
+    cpus = usable_cpus()
+    assert serving_processes(patched, _config(processes=64)) == cpus
+    assert serving_processes(patched, _config()) == default_processes(cpus)
+    assert serving_processes(types.SimpleNamespace(), _config(processes=4)) == 1
+
+
+def test_the_default_read_ahead_budget_is_shared_by_the_serving_processes() -> None:
+    one = memory_budgets(_config(), 1)[1]
+    four = memory_budgets(_config(), 4)[1]
+    assert four == max(MIN_DEFAULT_PREFETCH, one // 4)
+    assert one >= default_memory(1)  # 64 MiB at least on any node
+    # A value given on the command line is per process, as documented.
+    assert memory_budgets(_config(prefetch_memory=8 << 20), 4)[1] == 8 << 20
