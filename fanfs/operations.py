@@ -309,7 +309,11 @@ class Operations(pyfuse3.Operations):
             base = first * cs
             whole = off == base and end == min(base + cs, fsize)
             data = await self.store.chunk(entry, first, whole=whole)
-            return data if whole else memoryview(data)[off - base : end - base]
+            if whole:
+                return data
+            if self.prefetcher is not None:
+                self.prefetcher.push_rest(entry, first, data)
+            return memoryview(data)[off - base : end - base]
         parts = []
         for k in range(first, last + 1):
             base = k * cs

@@ -80,6 +80,9 @@ BATCH_BYTES: Final = 1024 * 1024
 # Read-ahead of other nodes' chunks per batch: fetched all at once, so the MPI thread can
 # coalesce them (its messages carry up to 4 MiB).
 REMOTE_BATCH_BYTES: Final = 4 * 1024 * 1024
+# Blocks waiting to be pushed whole into the page cache after a READ used part of them
+# (`push_rest`): more are dropped.
+REST_QUEUE_BYTES: Final = 8 * 1024 * 1024
 # Background fill: stored bytes read and decoded per step.
 FILL_BATCH_BYTES: Final = 1024 * 1024
 
@@ -156,6 +159,8 @@ class Prefetcher:
         self._hint_pos: np.ndarray | None = None
         self._hint_ahead: _Ahead | None = None
         self._fill = fill and isinstance(store.objects, MinioCache)
+        self._rest: list[tuple[int, int, bytes | memoryview]] = []
+        self._rest_bytes = 0
         self._started = trio.Event()
 
     # -- what readers reveal ---------------------------------------------------------------
@@ -300,12 +305,36 @@ class Prefetcher:
             if self._fill:
                 nursery.start_soon(self._fill_cache)
 
+    def push_rest(self, entry: int, chunk_no: int, data: bytes | memoryview) -> None:
+        """A READ used part of this decoded chunk: a reader seeking inside a large file (an
+        HDF5, LMDB or npy file; the kernel asks for what the reader asked). Put the whole
+        chunk into the page cache, so that the reader's next reads in it reach no daemon and
+        decode nothing again. Skipped without the page cache as target, and while
+        REST_QUEUE_BYTES wait already."""
+        if self.notify is None or self._rest_bytes + len(data) > REST_QUEUE_BYTES:
+            return
+        self._rest.append((entry, chunk_no, data))
+        self._rest_bytes += len(data)
+        self._lot.unpark()
+
+    async def _push_rest(self) -> None:
+        batch, self._rest, self._rest_bytes = self._rest, [], 0
+        pushed = await trio.to_thread.run_sync(self._push_all, batch, limiter=self._limiter)
+        first = self.index.first
+        for (entry, chunk_no, _), ok in zip(batch, pushed, strict=True):
+            if ok:
+                self.store.shared.pushed[first[entry] + chunk_no] = 1
+                self.counters[sh.REST_PUSHED] += 1
+
     async def _worker(self) -> None:
         while True:
-            while not self._jobs:
+            while not self._jobs and not self._rest:
                 await self._lot.park()
             try:
-                await self._work(*self._next_batch())
+                if self._rest:
+                    await self._push_rest()
+                else:
+                    await self._work(*self._next_batch())
             except Exception:  # a bug here must cost read-ahead, never the mount
                 log.exception("read-ahead failed (reads are not affected)", extra=LOG_ONCE)
 

@@ -53,6 +53,7 @@ COUNTER_NAMES: Final = (
     "readdirs",
     "dir_opens",
     "xattr_calls",
+    "rest_pushed",
     # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
     "fast_opendirs",
     "fast_getxattrs",
@@ -95,6 +96,7 @@ COUNTER_NAMES: Final = (
     READDIRS,
     DIR_OPENS,
     XATTR_CALLS,
+    REST_PUSHED,
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,

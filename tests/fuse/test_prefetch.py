@@ -791,3 +791,36 @@ def test_a_malformed_hint_request_gets_an_error_line(
         sock.settimeout(10)
         assert sock.makefile("rb").read() == b"error %s\n" % reason.encode()
     assert (mount.mnt / "samples/s0003.txt").stat().st_size > 0
+
+
+def test_a_block_read_in_part_goes_whole_into_the_page_cache(
+    tmp_path: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """A random 4 KiB read inside a file in blocks (format 5) decodes its 64 KiB block, and
+    the block goes whole into the page cache: the next reads in it reach no daemon."""
+    data = text(40 * 4096 + 123, 77)
+    src = write_tree(tmp_path / "src", {"big.bin": data})
+    pack = tmp_path / "blocks.fan"
+    result = run_fanfs("pack", src, pack, "-q", "--chunk-size", "128KiB", "--block-size", "64KiB")
+    assert result.returncode == 0, result.stderr
+    mount = mount_factory(pack, "--processes", "1", "--cache-memory", "0")
+    path = mount.mnt / "big.bin"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead
+        before = stats(mount.mnt)
+        assert os.pread(fd, 4096, 20 * 4096) == data[20 * 4096 : 21 * 4096]  # block 1
+        deadline = time.monotonic() + 10
+        while read_stats(str(mount.mnt))["rest_pushed"] == before["rest_pushed"]:
+            assert time.monotonic() < deadline, "the block was never pushed"
+            time.sleep(0.05)
+        middle = stats(mount.mnt)
+        assert delta(middle, before, "reads") == 1 and delta(middle, before, "rest_pushed") == 1
+        for page in (16, 17, 25, 31):  # the rest of block 1 (pages 16..31)
+            assert os.pread(fd, 4096, page * 4096) == data[page * 4096 : (page + 1) * 4096]
+        assert delta(stats(mount.mnt), middle, "reads") == 0
+        # A page of another block still reaches the daemon, with the right bytes.
+        assert os.pread(fd, 4096, 35 * 4096) == data[35 * 4096 : 36 * 4096]
+        assert delta(stats(mount.mnt), middle, "reads") == 1
+    finally:
+        os.close(fd)
