@@ -2,9 +2,10 @@
 
 Owns the synthetic ImageFolder-like dataset, building and mounting the systems compared
 (raw files, fanfs, squashfuse_ll, the kernel's EROFS), page-cache drops and the epochs they
-disturb, FUSE daemon memory and counters, work directories, and result files. It never
-imports fanfs's filesystem code (it drives the fanfs CLI), and every mount goes through
-`MountStack`, which unmounts on exit (lazily, and then kills the daemon, as a last resort).
+disturb, FUSE daemon memory and counters, work directories, result files, and what the
+benchmarks' command lines and main() functions have in common. It never imports fanfs's
+filesystem code (it drives the fanfs CLI), and every mount goes through `MountStack`, which
+unmounts on exit (lazily, and then kills the daemon, as a last resort).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ BUILD_TIMEOUT_S = 3600.0
 # A timed epoch during which another process dropped the page cache is run again, at most
 # this many times in all (the machine is shared; other benchmarks drop caches too).
 EPOCH_ATTEMPTS = 3
+# The epoch kinds of run_undisturbed(): `cold` right after a page-cache drop, `warm` right
+# after an untimed epoch of the same reads.
+EPOCHS = ("cold", "warm")
 # The root xattr that holds a fanfs daemon's counters as JSON (`fanfs stats` reads it).
 FANFS_STATS_XATTR = "user.fanfs.stats"
 # How the kernel's EROFS gets its image: `file` mounts the image file itself (kernels with
@@ -688,6 +692,96 @@ def add_erofs_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fanfs_args(
+    p: argparse.ArgumentParser,
+    *,
+    pack_help: str = 'extra `fanfs pack` args, e.g. "--codec lz4"',
+    mount_default: str = "",
+    mount_help: str,
+) -> None:
+    """The options of setup_fanfs(): --fanfs-cmd, --pack-args, --mount-args (the last two
+    worded, and --mount-args's default chosen, by each benchmark)."""
+    p.add_argument(
+        "--fanfs-cmd",
+        default="%s -m fanfs" % shlex.quote(sys.executable),
+        help="how to run the fanfs CLI (default: %(default)s)",
+    )
+    p.add_argument("--pack-args", default="", help=pack_help)
+    p.add_argument("--mount-args", default=mount_default, help=mount_help)
+
+
+def check_systems(args: argparse.Namespace) -> None:
+    """Raise BenchError if a system of `args.systems` cannot be built here: a program it
+    needs is missing, or this mkfs.erofs lacks the compressor of --erofs-compress."""
+    check_programs(args.systems)
+    if "erofs" in args.systems:
+        check_erofs_compress(args.erofs_compress)
+
+
+def setup_systems(
+    args: argparse.Namespace,
+    dataset: Dataset,
+    workdir: Path,
+    mounts: MountStack,
+    *,
+    baseline_tree: Path | None = None,
+) -> list[SystemSetup]:
+    """Build and mount each system of `args.systems`, in that order, with the options of
+    add_fanfs_args() and add_erofs_args(); fanfs-base runs the fanfs of `baseline_tree`."""
+    setups = []
+    for name in args.systems:
+        if name == "native":
+            setups.append(setup_native(dataset))
+        elif name in ("fanfs", "fanfs-base"):
+            setups.append(
+                setup_fanfs(
+                    dataset,
+                    workdir,
+                    mounts,
+                    shlex.split(args.fanfs_cmd),
+                    shlex.split(args.pack_args),
+                    shlex.split(args.mount_args),
+                    name=name,
+                    tree=baseline_tree if name == "fanfs-base" else None,
+                )
+            )
+        elif name == "erofs":
+            setups.append(
+                setup_erofs(
+                    dataset,
+                    workdir,
+                    mounts,
+                    compress=args.erofs_compress,
+                    extra_args=shlex.split(args.erofs_args),
+                    mode=args.erofs_mount,
+                )
+            )
+        else:
+            setups.append(setup_squashfuse(dataset, workdir, mounts))
+    return setups
+
+
+def workdir_names(systems: Sequence[str]) -> list[str]:
+    """What setup_systems() puts in the work directory for `systems` (images, mount points,
+    logs), for cleanup_workdir()."""
+    names = []
+    for name in systems:
+        if name in ("fanfs", "fanfs-base"):
+            names += ["pack.%s" % name, "mnt-%s" % name, "%s.log" % name]
+        elif name == "erofs":
+            names += ["image.erofs", "mnt-erofs", "erofs.log"]
+        elif name == "squashfuse":
+            names += ["image.squashfs", "mnt-squashfuse", "squashfuse.log"]
+    return names
+
+
+def record_memory(setups: Sequence[SystemSetup], mounts: MountStack, when: str) -> None:
+    """Record the daemon memory of each mounted system in `setups` as memory[`when`]."""
+    for s in setups:
+        if s.mnt is not None:
+            s.memory[when] = process_memory(mounts.daemon_pids(s.mnt))
+
+
 def erofs_line(summary: dict[str, Any]) -> str:
     """How the erofs image was built and mounted (from SystemSetup.summary())."""
     how = {"file": "from the image file (no loop device)", "loop": "through a loop device"}
@@ -761,6 +855,76 @@ def fanfs_counters(mnt: Path) -> dict[str, Any]:
         raise BenchError("cannot read %s of %s: %s" % (FANFS_STATS_XATTR, mnt, exc)) from exc
 
 
+# ---------------------------------------------------------------- command line
+
+
+def new_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser described by the first paragraph of a benchmark's docstring `doc`, its line
+    breaks kept."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def add_workdir_args(p: argparse.ArgumentParser, *, reused_with: str) -> None:
+    """--workdir and --keep (make_workdir(), cleanup_workdir()); `reused_with` names what a
+    later run must repeat, besides --workdir and --seed, to reuse the generated data."""
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="images, mounts, generated data (default: "
+        "a new dir under /tmp, removed at the end unless --keep)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the workdir (a later run with the same --workdir, %s and --seed reuses "
+        "its generated data)" % reused_with,
+    )
+
+
+def add_list_arg(
+    p: argparse.ArgumentParser,
+    option: str,
+    choices: Sequence[str],
+    default: Sequence[str] | None = None,
+    *,
+    show_default: bool = False,
+) -> None:
+    """`option`, a comma list of distinct `choices` (split_lists() checks and splits it):
+    by default `default`, or all of them; `show_default` puts the default in the help."""
+    text = "comma list of %s" % ", ".join(choices)
+    if show_default:
+        text += " (default %s)" % ("all" if default is None else ",".join(default))
+    p.add_argument(option, default=",".join(choices if default is None else default), help=text)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """--epoch-timeout (how long one epoch may take) and --results-dir (write_result())."""
+    p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
+
+def split_lists(
+    p: argparse.ArgumentParser, args: argparse.Namespace, lists: dict[str, Sequence[str]]
+) -> None:
+    """Replace each comma-list option of `args` named in `lists` (add_list_arg()) by the list
+    of its words; exit with a usage error unless they are distinct words of its choices."""
+    for name, allowed in lists.items():
+        chosen = [x for x in getattr(args, name).split(",") if x]
+        if not chosen or set(chosen) - set(allowed) or len(set(chosen)) != len(chosen):
+            p.error("--%s takes a comma list of distinct %s" % (name, ", ".join(allowed)))
+        setattr(args, name, chosen)
+
+
+def command_line(argv: Sequence[str] | None, script: str) -> str:
+    """The command that ran benchmark `script`, for its result: this Python with the
+    arguments main() was given (`argv`), or else with sys.argv."""
+    return shlex.join(
+        [sys.executable, *sys.argv] if argv is None else [sys.executable, script, *argv]
+    )
+
+
 # ---------------------------------------------------------------- work directories
 
 
@@ -823,8 +987,56 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS
         if not path.exists():
             break
         path = results_dir / ("%s-%d.json" % (base, n))
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    write_json(path, payload)
     return path
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write `payload` to `path` as indented JSON (anything else JSON lacks as its str())."""
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def result_head(
+    benchmark: str, command: str, started: float, load_before: tuple[float, float, float]
+) -> dict[str, Any]:
+    """The first fields of a benchmark's result: what ran, when (`started`, a time.time())
+    and for how long until now, the load average before and now, the host, the checkout."""
+    return {
+        "benchmark": benchmark,
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "host": host_info(),
+        "git": git_revision(),
+    }
+
+
+def machine_line(payload: dict[str, Any]) -> str:
+    """The report's first line, from result_head()'s fields: benchmark, machine, when, how
+    long, and the load average."""
+    info = payload["host"]
+    machine = (info["host"], info["cpu_count"], info["mem_total_bytes"] / 1e9, info["kernel"])
+    load = (payload["loadavg_before"][0], payload["loadavg_after"][0])
+    return (
+        "%s on %s (%s CPUs, %.0f GB RAM, kernel %s)" % (payload["benchmark"], *machine)
+        + ", %s, %.0f min" % (payload["started"], payload["duration_s"] / 60)
+        + ", load average %.1f before, %.1f after" % load
+    )
+
+
+def retry_lines(epochs: Sequence[dict[str, Any]]) -> list[str]:
+    """A report line saying how many timed epochs (records with run_undisturbed()'s
+    `attempts` and `disturbed`) were run again, if any were."""
+    retried = sum(r["attempts"] > 1 for r in epochs)
+    if not retried:
+        return []
+    disturbed = sum(r["disturbed"] for r in epochs)
+    return [
+        "%d timed epochs were run again after another process dropped the page cache; "
+        "%d were still disturbed after %d attempts" % (retried, disturbed, EPOCH_ATTEMPTS)
+    ]
 
 
 def markdown_table(
@@ -899,3 +1111,63 @@ def git_revision() -> dict[str, Any] | None:
         }
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+# ---------------------------------------------------------------- main
+
+
+def run_reported(
+    run: Callable[[], dict[str, Any]],
+    save: Callable[[dict[str, Any]], None],
+    cleanup: Callable[[], None] | None = None,
+) -> int:
+    """The end of a benchmark's main(): `run` it, `save` its result, print the markdown
+    report and return 0; log a failed check (BenchError) and return 1, or an interruption
+    and return 130. `cleanup` runs in any case, after a failure is logged, before `save`."""
+    try:
+        payload = run()
+    except BenchError as exc:
+        log("FAILED: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        if cleanup is not None:
+            cleanup()
+    save(payload)
+    print(payload["report_markdown"])
+    return 0
+
+
+def mounting_main(
+    benchmark: str,
+    args: argparse.Namespace,
+    run: Callable[[Path, MountStack], dict[str, Any]],
+    *,
+    root_for: str,
+    names: Sequence[str],
+    src: Path | None = None,
+) -> int:
+    """main() of a benchmark that mounts systems (`root_for` says why it needs root): `run`
+    in the work directory of add_workdir_args() with a MountStack, then remove the entries
+    `names` from it, never `src` (cleanup_workdir()), and write the result to --results-dir
+    as `benchmark` (write_result()). Returns the exit status (2: not root; run_reported())."""
+    if os.geteuid() != 0:
+        print("%s.py must run as root (%s)" % (benchmark, root_for), file=sys.stderr)
+        return 2
+    install_signal_handlers()
+    workdir, created = make_workdir(args.workdir)
+    log("workdir %s", workdir)
+
+    def run_mounted() -> dict[str, Any]:
+        with MountStack() as mounts:
+            return run(workdir, mounts)
+
+    def save(payload: dict[str, Any]) -> None:
+        log("wrote %s", write_result(benchmark, payload, args.results_dir))
+
+    def cleanup() -> None:
+        cleanup_workdir(workdir, created, keep=args.keep, names=names, src=src)
+
+    return run_reported(run_mounted, save, cleanup)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib.util
 import json
@@ -927,9 +928,7 @@ def oversize_caption(payload: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = bl.new_parser(__doc__)
     p.add_argument("--files", type=int, help="samples to generate (default 4000; 1000 --quick)")
     p.add_argument("--classes", type=int, help="class directories (default 40; 20 --quick)")
     p.add_argument(
@@ -987,13 +986,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=Path("/tmp/fanfs-bench-loader"),
         help="tree, pack, LMDB and mount point, kept for the next run (default %(default)s)",
     )
-    p.add_argument(
-        "--fanfs-cmd",
-        default="%s -m fanfs" % shlex.quote(sys.executable),
-        help="how to run the fanfs CLI (default: %(default)s)",
-    )
-    p.add_argument("--pack-args", default="", help='extra `fanfs pack` args, e.g. "--codec lz4"')
-    p.add_argument("--mount-args", default="", help="extra args for every `fanfs mount`")
+    bl.add_fanfs_args(p, mount_help="extra args for every `fanfs mount`")
     p.add_argument(
         "--batch-timeout", type=float, default=120.0, help="seconds a batch may take (default 120)"
     )
@@ -1014,9 +1007,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 "--variants takes auto or a comma list of distinct %s" % ", ".join(ALL_VARIANTS)
             )
         args.variants = chosen
-    args.command_line = shlex.join(
-        [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
-    )
+    args.command_line = bl.command_line(argv, __file__)
     return args
 
 
@@ -1092,14 +1083,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     main_rows = summarize_main(bench.records, variants)
     over_rows = summarize_oversize(bench.records)
     payload = {
-        "benchmark": "bench_loader",
-        "command": args.command_line,
-        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
-        "duration_s": time.time() - started,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "host": bl.host_info(),
-        "git": bl.git_revision(),
+        **bl.result_head("bench_loader", args.command_line, started, load_before),
         "versions": _versions(fanfs),
         "options": {
             k: (str(v) if isinstance(v, Path) else v)
@@ -1159,19 +1143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     bl.install_signal_handlers()
-    try:
-        payload = run_benchmark(args)
-    except bl.BenchError as exc:
-        bl.log("FAILED: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        bl.log("interrupted")
-        return 130
+    return bl.run_reported(functools.partial(run_benchmark, args), functools.partial(save, args))
+
+
+def save(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    """Write the result to --json, if given."""
     if args.json:
-        args.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        bl.write_json(args.json, payload)
         bl.log("wrote %s", args.json)
-    print(payload["report_markdown"])
-    return 0
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ take 5-10 min on 2 cores (one repeat of three workloads with 2,000 reads took 1 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -96,7 +97,6 @@ import _benchlib as bl
 SYSTEMS = ("native", "fanfs", "erofs", "squashfuse")
 DEFAULT_SYSTEMS = ("native", "fanfs", "erofs")
 WORKLOADS = ("h5-contig", "h5-chunked", "npy", "lmdb", "fio")
-EPOCHS = ("cold", "warm")
 # Where each workload's data lives in the tree (lmdb: a directory holding data.mdb).
 WORKLOAD_PATHS = {
     "h5-contig": "h5/contig.h5",
@@ -657,9 +657,7 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def header_lines(payload: dict[str, Any]) -> str:
     """Where, when and what ran, the data, and how much cache drops interfered."""
-    info, opts, shapes = payload["host"], payload["options"], payload["data"]
-    machine = (info["host"], info["cpu_count"], info["mem_total_bytes"] / 1e9, info["kernel"])
-    load = (payload["loadavg_before"][0], payload["loadavg_after"][0])
+    opts, shapes = payload["options"], payload["data"]
     parts = []
     for workload in opts["workloads"]:
         size = shapes["bytes"][workload] / 1e6
@@ -673,9 +671,7 @@ def header_lines(payload: dict[str, Any]) -> str:
         else:
             parts.append("fio %.0f MB" % size)
     lines = [
-        "bench_random on %s (%s CPUs, %.0f GB RAM, kernel %s)" % machine
-        + ", %s, %.0f min" % (payload["started"], payload["duration_s"] / 60)
-        + ", load average %.1f before, %.1f after" % load,
+        bl.machine_line(payload),
         "data: " + "; ".join(parts),
         "%d reads per epoch (fio: %d x 4 KiB), 1 reader process, %d repeats, medians"
         % (opts["ops"], opts["fio_ops"], opts["repeats"]),
@@ -689,13 +685,7 @@ def header_lines(payload: dict[str, Any]) -> str:
         lines.append("skipped: " + "; ".join(payload["skipped"]))
     if payload["pip_installed"]:
         lines.append("installed with pip for this run: " + ", ".join(payload["pip_installed"]))
-    retried = sum(r["attempts"] > 1 for r in payload["epochs"])
-    if retried:
-        disturbed = sum(r["disturbed"] for r in payload["epochs"])
-        lines.append(
-            "%d timed epochs were run again after another process dropped the page cache; "
-            "%d were still disturbed after %d attempts" % (retried, disturbed, bl.EPOCH_ATTEMPTS)
-        )
+    lines += bl.retry_lines(payload["epochs"])
     return "\n".join(lines)
 
 
@@ -703,9 +693,7 @@ def header_lines(payload: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = bl.new_parser(__doc__)
     size, ops, fio_ops, repeats = DEFAULT_SIZES
     quick = QUICK_SIZES
     for name, what in (
@@ -735,51 +723,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="smoke test: %d MB files, 1 repeat" % quick[0]
     )
-    p.add_argument(
-        "--workdir",
-        type=Path,
-        help="images, mounts, generated data (default: "
-        "a new dir under /tmp, removed at the end unless --keep)",
-    )
-    p.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the workdir (a later run with the same --workdir, sizes, workloads and "
-        "--seed reuses its generated data)",
-    )
-    p.add_argument(
-        "--systems",
-        default=",".join(DEFAULT_SYSTEMS),
-        help="comma list of %s (default %s)" % (", ".join(SYSTEMS), ",".join(DEFAULT_SYSTEMS)),
-    )
-    p.add_argument(
-        "--workloads",
-        default=",".join(WORKLOADS),
-        help="comma list of %s (default all)" % ", ".join(WORKLOADS),
-    )
-    p.add_argument(
-        "--epochs", default=",".join(EPOCHS), help="comma list of %s" % ", ".join(EPOCHS)
-    )
+    bl.add_workdir_args(p, reused_with="sizes, workloads")
+    bl.add_list_arg(p, "--systems", SYSTEMS, DEFAULT_SYSTEMS, show_default=True)
+    bl.add_list_arg(p, "--workloads", WORKLOADS, show_default=True)
+    bl.add_list_arg(p, "--epochs", bl.EPOCHS)
     p.add_argument("--seed", type=int, default=0, help="data and read-offset seed")
-    p.add_argument(
-        "--fanfs-cmd",
-        default="%s -m fanfs" % shlex.quote(sys.executable),
-        help="how to run the fanfs CLI (default: %(default)s)",
-    )
-    p.add_argument(
-        "--pack-args",
-        default="",
-        help='extra `fanfs pack` args, split as a shell would and passed verbatim, e.g. "--block-size 0" (one word alone: --pack-args=WORD)',
-    )
-    p.add_argument(
-        "--mount-args",
-        default=DEFAULT_MOUNT_ARGS,
-        help='`fanfs mount` args (default "%s": a dataset larger than memory; "" for the '
+    bl.add_fanfs_args(
+        p,
+        pack_help='extra `fanfs pack` args, split as a shell would and passed verbatim, e.g. "--block-size 0" (one word alone: --pack-args=WORD)',
+        mount_default=DEFAULT_MOUNT_ARGS,
+        mount_help='`fanfs mount` args (default "%s": a dataset larger than memory; "" for the '
         "mount's defaults)" % DEFAULT_MOUNT_ARGS,
     )
     bl.add_erofs_args(p)
-    p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
-    p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
+    bl.add_run_args(p)
     args = p.parse_args(argv)
     return _resolve_args(p, args, argv)
 
@@ -792,18 +749,12 @@ def _resolve_args(
         setattr(args, name, getattr(args, name) or size)
     args.ops, args.fio_ops = args.ops or ops, args.fio_ops or fio_ops
     args.repeats = args.repeats or repeats
-    for name, allowed in (("systems", SYSTEMS), ("workloads", WORKLOADS), ("epochs", EPOCHS)):
-        chosen = [x for x in getattr(args, name).split(",") if x]
-        if not chosen or set(chosen) - set(allowed) or len(set(chosen)) != len(chosen):
-            p.error("--%s takes a comma list of distinct %s" % (name, ", ".join(allowed)))
-        setattr(args, name, chosen)
+    bl.split_lists(p, args, {"systems": SYSTEMS, "workloads": WORKLOADS, "epochs": bl.EPOCHS})
     if min(args.ops, args.fio_ops, args.repeats, args.h5_mb, args.npy_mb) < 1:
         p.error("sizes, --ops, --fio-ops and --repeats must be positive")
     if min(args.lmdb_mb, args.fio_mb) < 1:
         p.error("sizes must be positive")
-    args.command_line = shlex.join(
-        [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
-    )
+    args.command_line = bl.command_line(argv, __file__)
     return args
 
 
@@ -833,69 +784,23 @@ def ensure_tools(args: argparse.Namespace, workdir: Path) -> tuple[list[str], li
     return missing, skipped
 
 
-def prepare_systems(
-    args: argparse.Namespace, data: Data, workdir: Path, mounts: bl.MountStack
-) -> list[bl.SystemSetup]:
-    """Build and mount each system of `args.systems`, in that order."""
-    setups = []
-    for name in args.systems:
-        if name == "native":
-            setups.append(bl.setup_native(data.dataset))
-        elif name == "fanfs":
-            setups.append(
-                bl.setup_fanfs(
-                    data.dataset,
-                    workdir,
-                    mounts,
-                    shlex.split(args.fanfs_cmd),
-                    shlex.split(args.pack_args),
-                    shlex.split(args.mount_args),
-                )
-            )
-        elif name == "erofs":
-            setups.append(
-                bl.setup_erofs(
-                    data.dataset,
-                    workdir,
-                    mounts,
-                    compress=args.erofs_compress,
-                    extra_args=shlex.split(args.erofs_args),
-                    mode=args.erofs_mount,
-                )
-            )
-        else:
-            setups.append(bl.setup_squashfuse(data.dataset, workdir, mounts))
-    return setups
-
-
 def run_benchmark(args: argparse.Namespace, workdir: Path, mounts: bl.MountStack) -> dict[str, Any]:
     """Install, generate, build, mount, verify, time; return the JSON payload, markdown
     report included."""
     started, load_before = time.time(), os.getloadavg()
-    bl.check_programs(args.systems)
-    if "erofs" in args.systems:
-        bl.check_erofs_compress(args.erofs_compress)
+    bl.check_systems(args)
     installed, skipped = ensure_tools(args, workdir)
     data = prepare_data(args, workdir)
-    setups = prepare_systems(args, data, workdir, mounts)
+    setups = bl.setup_systems(args, data.dataset, workdir, mounts)
     ops = {w: make_ops(w, data, args.ops, args.seed) for w in args.workloads}
     plan = Plan(data, workdir, {s.name: s.root for s in setups}, ops, args)
     verify_contents(plan, args.systems)
     run_schedule(plan, args.systems)
-    for s in setups:
-        if s.mnt is not None:
-            s.memory["end"] = bl.process_memory(mounts.daemon_pids(s.mnt))
+    bl.record_memory(setups, mounts, "end")
     rows = summarize(plan, args.systems)
     sizes = {w: bl.du_bytes(data.root / WORKLOAD_PATHS[w]) for w in args.workloads}
     payload = {
-        "benchmark": "bench_random",
-        "command": args.command_line,
-        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
-        "duration_s": time.time() - started,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "host": bl.host_info(),
-        "git": bl.git_revision(),
+        **bl.result_head("bench_random", args.command_line, started, load_before),
         "versions": program_versions(args),
         "options": {k: v for k, v in vars(args).items() if k != "command_line"},
         "pip_installed": installed,
@@ -938,35 +843,21 @@ def program_versions(args: argparse.Namespace) -> dict[str, str | None]:
 
 # What a run puts in a --workdir it did not create (all removed at the end unless --keep).
 WORKDIR_NAMES = [
-    *("src", "src.manifest.json", "pack.fanfs", "mnt-fanfs", "fanfs.log", "image.erofs"),
-    *("mnt-erofs", "erofs.log", "image.squashfs", "mnt-squashfuse", "squashfuse.log"),
+    *("src", "src.manifest.json"),
+    *bl.workdir_names(SYSTEMS),
     *("fio.log", "fio-out.json", "pip.log"),
 ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench_random.py must run as root (drop_caches, mounts)", file=sys.stderr)
-        return 2
-    bl.install_signal_handlers()
-    workdir, created = bl.make_workdir(args.workdir)
-    bl.log("workdir %s", workdir)
-    try:
-        with bl.MountStack() as mounts:
-            payload = run_benchmark(args, workdir, mounts)
-    except bl.BenchError as exc:
-        bl.log("FAILED: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        bl.log("interrupted")
-        return 130
-    finally:
-        bl.cleanup_workdir(workdir, created, keep=args.keep, names=WORKDIR_NAMES)
-    path = bl.write_result("bench_random", payload, args.results_dir)
-    bl.log("wrote %s", path)
-    print(payload["report_markdown"])
-    return 0
+    return bl.mounting_main(
+        "bench_random",
+        args,
+        functools.partial(run_benchmark, args),
+        root_for="drop_caches, mounts",
+        names=WORKDIR_NAMES,
+    )
 
 
 if __name__ == "__main__":

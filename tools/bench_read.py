@@ -39,6 +39,7 @@ tables to stdout; progress goes to stderr. A default run takes 10-15 min on 2 co
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -61,7 +62,6 @@ import _benchlib as bl
 SYSTEMS = ("native", "fanfs", "fanfs-base", "erofs", "squashfuse")
 DEFAULT_SYSTEMS = ("native", "fanfs", "erofs", "squashfuse")
 STYLES = ("buffered", "unbuffered")
-EPOCHS = ("cold", "warm")
 # The unbuffered reader's reused buffer: one read() returns a whole file below 1 MiB.
 READ_BUFFER_BYTES = 1 << 20
 # A reader that finds problems reports this many of them verbatim; the rest are counted.
@@ -419,14 +419,10 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def header_lines(payload: dict[str, Any]) -> str:
     """Where, when and what ran, and how much other load and cache drops interfered."""
-    info, desc, opts = payload["host"], payload["dataset"], payload["options"]
+    desc, opts = payload["dataset"], payload["options"]
     kinds = ", ".join("%d .%s" % (n, k) for k, n in sorted(desc["files_by_extension"].items()))
-    machine = (info["host"], info["cpu_count"], info["mem_total_bytes"] / 1e9, info["kernel"])
-    load = (payload["loadavg_before"][0], payload["loadavg_after"][0])
     lines = [
-        "bench_read on %s (%s CPUs, %.0f GB RAM, kernel %s)" % machine
-        + ", %s, %.0f min" % (payload["started"], payload["duration_s"] / 60)
-        + ", load average %.1f before, %.1f after" % load,
+        bl.machine_line(payload),
         "dataset: %d files, %.2f GB (%s)" % (desc["file_count"], desc["total_bytes"] / 1e9, kinds)
         + "; %d readers, %d repeats, medians" % (opts["readers"], opts["repeats"]),
         "command: `%s`" % payload["command"],
@@ -434,13 +430,7 @@ def header_lines(payload: dict[str, Any]) -> str:
     erofs = payload["systems"].get("erofs")
     if erofs:
         lines.append(bl.erofs_line(erofs))
-    retried = sum(r["attempts"] > 1 for r in payload["epochs"])
-    if retried:
-        disturbed = sum(r["disturbed"] for r in payload["epochs"])
-        lines.append(
-            "%d timed epochs were run again after another process dropped the page cache; "
-            "%d were still disturbed after %d attempts" % (retried, disturbed, bl.EPOCH_ATTEMPTS)
-        )
+    lines += bl.retry_lines(payload["epochs"])
     return "\n".join(lines)
 
 
@@ -448,78 +438,38 @@ def header_lines(payload: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = bl.new_parser(__doc__)
     p.add_argument("--files", type=int, help="files to generate (default 20000; 2000 --quick)")
     p.add_argument("--readers", type=int, default=4, help="reader processes (default 4)")
     p.add_argument("--repeats", type=int, help="timed epochs per cell (default 3; 1 --quick)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2000 files, 1 repeat")
     p.add_argument("--src", type=Path, help="read this tree instead of generating one")
-    p.add_argument(
-        "--workdir",
-        type=Path,
-        help="images, mounts, generated data (default: "
-        "a new dir under /tmp, removed at the end unless --keep)",
-    )
-    p.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the workdir (a later run with "
-        "the same --workdir, --files and --seed reuses its generated data)",
-    )
-    p.add_argument(
-        "--systems",
-        default=",".join(DEFAULT_SYSTEMS),
-        help="comma list of %s (default %s)" % (", ".join(SYSTEMS), ",".join(DEFAULT_SYSTEMS)),
-    )
+    bl.add_workdir_args(p, reused_with="--files")
+    bl.add_list_arg(p, "--systems", SYSTEMS, DEFAULT_SYSTEMS, show_default=True)
     p.add_argument(
         "--baseline-tree",
         type=Path,
         help="a fanfs source tree (an older revision, e.g. a git worktree) that packs and "
         "mounts the system fanfs-base, for before/after tables in one run",
     )
-    p.add_argument(
-        "--styles", default=",".join(STYLES), help="comma list of %s" % ", ".join(STYLES)
-    )
-    p.add_argument(
-        "--epochs", default=",".join(EPOCHS), help="comma list of %s" % ", ".join(EPOCHS)
-    )
+    bl.add_list_arg(p, "--styles", STYLES)
+    bl.add_list_arg(p, "--epochs", bl.EPOCHS)
     p.add_argument("--seed", type=int, default=0, help="dataset and read-order seed")
-    p.add_argument(
-        "--fanfs-cmd",
-        default="%s -m fanfs" % shlex.quote(sys.executable),
-        help="how to run the fanfs CLI (default: %(default)s)",
-    )
-    p.add_argument("--pack-args", default="", help='extra `fanfs pack` args, e.g. "--codec lz4"')
-    p.add_argument("--mount-args", default="", help="extra `fanfs mount` args")
+    bl.add_fanfs_args(p, mount_help="extra `fanfs mount` args")
     bl.add_erofs_args(p)
     p.add_argument("--no-hash", action="store_true", help="skip the sha256 content check")
-    p.add_argument("--epoch-timeout", type=float, default=900.0, help="seconds (default 900)")
-    p.add_argument("--results-dir", type=Path, default=bl.RESULTS_DIR)
+    bl.add_run_args(p)
     args = p.parse_args(argv)
-    return _resolve_args(p, args, argv)
-
-
-def _resolve_args(
-    p: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
-) -> argparse.Namespace:
     args.files = args.files or (2000 if args.quick else 20000)
     args.repeats = args.repeats or (1 if args.quick else 3)
-    for name, allowed in (("systems", SYSTEMS), ("styles", STYLES), ("epochs", EPOCHS)):
-        chosen = [x for x in getattr(args, name).split(",") if x]
-        if not chosen or set(chosen) - set(allowed) or len(set(chosen)) != len(chosen):
-            p.error("--%s takes a comma list of distinct %s" % (name, ", ".join(allowed)))
-        setattr(args, name, chosen)
+    bl.split_lists(p, args, {"systems": SYSTEMS, "styles": STYLES, "epochs": bl.EPOCHS})
     if ("fanfs-base" in args.systems) != (args.baseline_tree is not None):
         p.error("--systems fanfs-base and --baseline-tree DIR go together")
     if args.baseline_tree is not None and not (args.baseline_tree / "fanfs").is_dir():
         p.error("--baseline-tree %s has no fanfs package" % args.baseline_tree)
     if args.readers < 1 or args.repeats < 1 or args.files < 1:
         p.error("--readers, --repeats and --files must be positive")
-    args.command_line = shlex.join(
-        [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
-    )
+    args.command_line = bl.command_line(argv, __file__)
     return args
 
 
@@ -544,68 +494,20 @@ def prepare_dataset(args: argparse.Namespace, workdir: Path) -> bl.Dataset:
     return dataset
 
 
-def prepare_systems(
-    args: argparse.Namespace, dataset: bl.Dataset, workdir: Path, mounts: bl.MountStack
-) -> list[bl.SystemSetup]:
-    """Build and mount each system of `args.systems`, in that order."""
-    setups = []
-    for name in args.systems:
-        if name == "native":
-            setups.append(bl.setup_native(dataset))
-        elif name in ("fanfs", "fanfs-base"):
-            setups.append(
-                bl.setup_fanfs(
-                    dataset,
-                    workdir,
-                    mounts,
-                    shlex.split(args.fanfs_cmd),
-                    shlex.split(args.pack_args),
-                    shlex.split(args.mount_args),
-                    name=name,
-                    tree=args.baseline_tree if name == "fanfs-base" else None,
-                )
-            )
-        elif name == "erofs":
-            setups.append(
-                bl.setup_erofs(
-                    dataset,
-                    workdir,
-                    mounts,
-                    compress=args.erofs_compress,
-                    extra_args=shlex.split(args.erofs_args),
-                    mode=args.erofs_mount,
-                )
-            )
-        else:
-            setups.append(bl.setup_squashfuse(dataset, workdir, mounts))
-    return setups
-
-
 def run_benchmark(args: argparse.Namespace, workdir: Path, mounts: bl.MountStack) -> dict[str, Any]:
     """Build, mount, verify, time; return the JSON payload, markdown report included."""
     started, load_before = time.time(), os.getloadavg()
-    bl.check_programs(args.systems)
-    if "erofs" in args.systems:
-        bl.check_erofs_compress(args.erofs_compress)
+    bl.check_systems(args)
     dataset = prepare_dataset(args, workdir)
-    setups = prepare_systems(args, dataset, workdir, mounts)
+    setups = bl.setup_systems(args, dataset, workdir, mounts, baseline_tree=args.baseline_tree)
     plan = make_plan(args, dataset, setups)
     if not args.no_hash:
         verify_contents(plan, args.systems)
     run_schedule(plan, args.systems)
-    for s in setups:
-        if s.mnt is not None:
-            s.memory["end"] = bl.process_memory(mounts.daemon_pids(s.mnt))
+    bl.record_memory(setups, mounts, "end")
     rows = summarize(plan, args.systems)
     payload = {
-        "benchmark": "bench_read",
-        "command": args.command_line,
-        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
-        "duration_s": time.time() - started,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "host": bl.host_info(),
-        "git": bl.git_revision(),
+        **bl.result_head("bench_read", args.command_line, started, load_before),
         "versions": program_versions(args),
         "options": {k: v for k, v in vars(args).items() if k != "command_line"},
         "dataset": dataset.describe(),
@@ -624,45 +526,22 @@ def program_versions(args: argparse.Namespace) -> dict[str, str | None]:
     return bl.program_versions({"fanfs": fanfs, **bl.VERSION_COMMANDS})
 
 
-# What a run puts in a --workdir it did not create (all removed at the end unless --keep).
-WORKDIR_NAMES = [
-    *("pack.fanfs", "mnt-fanfs", "fanfs.log", "pack.fanfs-base", "mnt-fanfs-base"),
-    *("fanfs-base.log", "image.erofs", "mnt-erofs", "erofs.log", "image.squashfs"),
-    *("mnt-squashfuse", "squashfuse.log"),
-]
-
-
-def cleanup_workdir(workdir: Path, created: bool, args: argparse.Namespace) -> None:
-    """Remove what this benchmark put in `workdir` (all of it if it made it), never a mount,
-    never a `--src` tree."""
-    names = WORKDIR_NAMES + ([] if args.src else ["src", "src.manifest.json"])
-    src = args.src.resolve() if args.src else None
-    bl.cleanup_workdir(workdir, created, keep=args.keep, names=names, src=src)
+# What a run puts in a --workdir it did not create (all removed at the end unless --keep),
+# besides the tree it generates without --src.
+WORKDIR_NAMES = bl.workdir_names(SYSTEMS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench_read.py must run as root (drop_caches, FUSE mounts)", file=sys.stderr)
-        return 2
-    bl.install_signal_handlers()
-    workdir, created = bl.make_workdir(args.workdir)
-    bl.log("workdir %s", workdir)
-    try:
-        with bl.MountStack() as mounts:
-            payload = run_benchmark(args, workdir, mounts)
-    except bl.BenchError as exc:
-        bl.log("FAILED: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        bl.log("interrupted")
-        return 130
-    finally:
-        cleanup_workdir(workdir, created, args)
-    path = bl.write_result("bench_read", payload, args.results_dir)
-    bl.log("wrote %s", path)
-    print(payload["report_markdown"])
-    return 0
+    names = WORKDIR_NAMES + ([] if args.src else ["src", "src.manifest.json"])
+    return bl.mounting_main(
+        "bench_read",
+        args,
+        functools.partial(run_benchmark, args),
+        root_for="drop_caches, FUSE mounts",
+        names=names,
+        src=args.src.resolve() if args.src else None,
+    )
 
 
 if __name__ == "__main__":
