@@ -108,7 +108,14 @@ def write_pack(out: Path, files: int, dirs: int, file_size: int) -> dict[str, in
     manifest = {
         "created_by": "tools/bench_index.py",
         "chunk_size": 1 << 20,
-        "options": {"codec": "none", "partitions": 1, "broadcast": [], "chunk_size": 1 << 20},
+        "block_size": 0,
+        "options": {
+            "codec": "none",
+            "partitions": 1,
+            "broadcast": [],
+            "chunk_size": 1 << 20,
+            "block_size": 0,
+        },
         "totals": {
             "files": files,
             "dirs": dirs + 1,

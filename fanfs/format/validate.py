@@ -33,7 +33,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -69,8 +69,10 @@ _MAX_BYTES: Final = 1 << 60
 _KNOWN_CODECS_BY_VERSION: Final = {1: (0, 1, 2, 3), 2: (0, 1, 2, 3, 4)}
 _KNOWN_CODECS: Final = (0, 1, 2, 3, 4)
 _MAX_SHUFFLE_NIBBLE: Final = 3  # shuffles of 2, 4 and 8 bytes
-# Rows examined per numpy pass where a pass needs temporaries as long as the column.
-_BLOCK: Final = 1 << 20
+# Rows per step of a check (_IndexCheck): small enough that a step's temporaries stay in the
+# CPU cache, large enough that numpy's per-call cost stays small against the work.
+_BLOCK: Final = 1 << 15
+_S_IFMT: Final = 0o170000  # the file type bits of st_mode
 _SLASH: Final = 0x2F
 _DOT: Final = 0x2E
 
@@ -247,12 +249,73 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
 
 
 def _first_bad(mask: np.ndarray) -> int | None:
-    hits = np.flatnonzero(mask)
-    return int(hits[0]) if len(hits) else None
+    return int(mask.argmax()) if mask.any() else None
+
+
+def _spans(stop: int, start: int = 0) -> Iterator[tuple[int, int]]:
+    """Row ranges of at most _BLOCK rows that cover rows start..stop-1 in order."""
+    for lo in range(start, stop, _BLOCK):
+        yield lo, min(stop, lo + _BLOCK)
+
+
+class _FirstBad:
+    """The first bad row of each of several checks made in one blocked pass, with the values
+    its message names. Raising for the first check, in the checks' order, that found one
+    reports what running each check over every row before the next would: the same check,
+    the same row, the same values."""
+
+    def __init__(self, checks: int) -> None:
+        self.rows: list[int | None] = [None] * checks
+        self.values: list[tuple[int, ...]] = [()] * checks
+
+    def note(
+        self,
+        check: int,
+        lo: int,
+        mask: np.ndarray,
+        *values: np.ndarray,
+        rows: np.ndarray | None = None,
+    ) -> None:
+        """Record `check`'s first bad row in `mask`, a block of rows lo.. (or of the rows
+        `rows`), and the `values` at it, unless an earlier block had one."""
+        if self.rows[check] is not None:
+            return
+        bad = _first_bad(mask)
+        if bad is not None:
+            self.rows[check] = lo + bad if rows is None else int(rows[bad])
+            self.values[check] = tuple(int(value[bad]) for value in values)
+
+    def any(self) -> bool:
+        return any(row is not None for row in self.rows)
+
+
+def _codec_bytes(version: int, codecs: tuple[int, ...], *, any_shuffle: bool) -> np.ndarray:
+    """For each of the 256 codec bytes, whether its codec id is in `codecs` and (unless
+    `any_shuffle`) its shuffle nibble is one format `version` allows: a table looked up per
+    chunk instead of computing this per chunk."""
+    codec = np.arange(256, dtype=np.uint8)
+    codec_id, nibble = codec & 0x0F, codec >> 4
+    if any_shuffle:
+        return np.isin(codec_id, codecs)
+    shuffle_ok = (
+        nibble == 0
+        if version < 3
+        else (nibble <= _MAX_SHUFFLE_NIBBLE) & ((nibble == 0) | (codec_id != 0))
+    )
+    return np.isin(codec_id, codecs) & shuffle_ok
 
 
 class _IndexCheck:
-    """The structural checks of one index (see the module docstring)."""
+    """The structural checks of one index (see the module docstring).
+
+    The checks walk the columns in blocks of _BLOCK rows, so that their temporaries stay
+    small and are reused: a temporary as long as a column of ten million rows is fresh
+    memory, and on a VM the first touch of memory costs more than the check itself
+    (docs/benchmarks.md). Checks that read the same columns share one pass (`_FirstBad`) and
+    still fail as if each had run over every row before the next. No check indexes with a
+    value that an earlier check has not validated, and none allocates in proportion to one.
+    Running sums are checked as differences (name_off[e+1] - name_off[e] is entry e's span):
+    the same first bad row as comparing with a prefix sum, without the slow cumsum."""
 
     def __init__(
         self,
@@ -274,77 +337,94 @@ class _IndexCheck:
         self.version = version
         self.n = len(arrays["parent"])
         self.chunks = len(arrays["partition"])
-        kind = arrays["mode"] & stat.S_IFMT(0o177777)
-        self.is_dir = kind == stat.S_IFDIR
-        self.is_reg = kind == stat.S_IFREG
-        self.is_lnk = kind == stat.S_IFLNK
 
     def fail(self, column: str, row: int, message: str) -> PackFormatError:
         return _fail(self.pack, "index: %s[%d] %s" % (column, row, message))
+
+    def kind(self, lo: int, hi: int) -> np.ndarray:
+        """The file type bits of the modes of entries lo..hi-1."""
+        return self.a["mode"][lo:hi] & _S_IFMT
 
     def run(self) -> None:
         self.kinds()
         self.tree()
         self.names()
-        self.files()
-        self.chunk_table()
+        self.name_bytes()
+        self.files_and_chunks()
 
     def kinds(self) -> None:
-        bad = _first_bad(~(self.is_dir | self.is_reg | self.is_lnk))
+        a = self.a
+        size, count = a["size"], a["count"]
+        found = _FirstBad(3)  # an unknown kind, a directory's size, a symlink's count
+        for lo, hi in _spans(self.n):
+            kind = self.kind(lo, hi)
+            is_dir, is_lnk = kind == stat.S_IFDIR, kind == stat.S_IFLNK
+            found.note(0, lo, ~(is_dir | is_lnk | (kind == stat.S_IFREG)))
+            found.note(1, lo, is_dir & (size[lo:hi] != 0))
+            found.note(2, lo, is_lnk & (count[lo:hi] != 0))
+        bad = found.rows[0]
         if bad is not None:
             raise self.fail(
-                "mode",
-                bad,
-                "= 0o%o is not a directory, regular file or symlink" % self.a["mode"][bad],
+                "mode", bad, "= 0o%o is not a directory, regular file or symlink" % a["mode"][bad]
             )
-        if not self.is_dir[0] or self.a["parent"][0] != 0 or self.a["name_len"][0] != 0:
+        if self.kind(0, 1)[0] != stat.S_IFDIR or a["parent"][0] != 0 or a["name_len"][0] != 0:
             raise _fail(self.pack, "index: entry 0 is not a root directory (parent 0, empty name)")
-        for column, mask in (("size", self.is_dir), ("count", self.is_lnk)):
-            bad = _first_bad(mask & (self.a[column] != 0))
+        for column, bad in (("size", found.rows[1]), ("count", found.rows[2])):
             if bad is not None:
                 raise self.fail(
                     column,
                     bad,
                     "= %d, expected 0 for a %s"
-                    % (self.a[column][bad], "directory" if column == "size" else "symlink"),
+                    % (a[column][bad], "directory" if column == "size" else "symlink"),
                 )
 
     def tree(self) -> None:
         """Breadth-first order: parents come first (so the tree has no cycle), and every
         directory's children are exactly the run of entries naming it as parent."""
-        parent = self.a["parent"]
+        parent, first, count = self.a["parent"], self.a["first"], self.a["count"]
         n = self.n
-        for start in range(1, n, _BLOCK):
-            rows = np.arange(start, min(n, start + _BLOCK), dtype=np.int64)
-            bad = _first_bad(parent[rows] >= rows)
-            if bad is not None:
-                row = int(rows[bad])
-                raise self.fail(
-                    "parent",
-                    row,
-                    "= %d is not an earlier entry (a cycle or a forward reference)" % parent[row],
-                )
-        if n > 2:
-            bad = _first_bad(parent[2:] < parent[1:-1])
-            if bad is not None:
-                raise self.fail(
-                    "parent",
-                    bad + 2,
-                    "= %d is below the previous entry's parent (not breadth-first)"
-                    % parent[bad + 2],
-                )
-        kids = parent[1:]
-        run_starts = (
-            np.flatnonzero(np.diff(kids, prepend=np.int64(-1)) != 0) + 1
-            if n > 1
-            else np.zeros(0, np.int64)
-        )
+        # A forward reference, a parent below the previous entry's, an empty directory
+        # whose first is not 0.
+        found = _FirstBad(3)
+        claimed = 0  # directories whose count says they have children
+        # The entries that start a run of children: entry 1, and every entry whose parent
+        # differs from the previous entry's.
+        starts = [np.zeros(0, np.int64)]
+        for lo, hi in _spans(n):
+            is_dir, empty = self.kind(lo, hi) == stat.S_IFDIR, count[lo:hi] == 0
+            claimed += int(np.count_nonzero(is_dir & ~empty))
+            found.note(2, lo, is_dir & empty & (first[lo:hi] != 0))
+            if hi == 1:
+                continue
+            lo = max(lo, 1)
+            here, before = parent[lo:hi], parent[lo - 1 : hi - 1]
+            found.note(0, lo, here >= np.arange(lo, hi, dtype=np.int64))
+            down, new_run = here < before, here != before
+            if lo == 1:
+                down[0], new_run[0] = False, True
+            found.note(1, lo, down)
+            if found.rows[0] is None and found.rows[1] is None:
+                starts.append(np.flatnonzero(new_run) + lo)
+        bad = found.rows[0]
+        if bad is not None:
+            raise self.fail(
+                "parent",
+                bad,
+                "= %d is not an earlier entry (a cycle or a forward reference)" % parent[bad],
+            )
+        bad = found.rows[1]
+        if bad is not None:
+            raise self.fail(
+                "parent",
+                bad,
+                "= %d is below the previous entry's parent (not breadth-first)" % parent[bad],
+            )
+        run_starts = np.concatenate(starts)
         owners = parent[run_starts].astype(np.int64)
         lengths = np.diff(np.append(run_starts, n))
-        bad = _first_bad(~self.is_dir[owners])
+        bad = _first_bad((self.a["mode"][owners] & _S_IFMT) != stat.S_IFDIR)
         if bad is not None:
             raise self.fail("parent", int(run_starts[bad]), "= %d is not a directory" % owners[bad])
-        first, count = self.a["first"], self.a["count"]
         bad = _first_bad((first[owners] != run_starts) | (count[owners] != lengths))
         if bad is not None:
             d = int(owners[bad])
@@ -354,74 +434,94 @@ class _IndexCheck:
                 "= %d, count = %d, but its children are entries %d..%d"
                 % (first[d], count[d], run_starts[bad], run_starts[bad] + lengths[bad] - 1),
             )
-        claimed = self.is_dir & (count != 0)
-        if int(np.count_nonzero(claimed)) != len(owners):
+        if claimed != len(owners):
             has_kids = np.zeros(n, dtype=bool)
             has_kids[owners] = True
-            lonely = _first_bad(claimed & ~has_kids)
+            lonely = _first_bad((self.kind(0, n) == stat.S_IFDIR) & (count != 0) & ~has_kids)
             assert lonely is not None
             raise self.fail(
                 "count", lonely, "= %d, but no entry names it as parent" % count[lonely]
             )
-        bad = _first_bad(self.is_dir & (count == 0) & (first != 0))
+        bad = found.rows[2]
         if bad is not None:
             raise self.fail("first", bad, "= %d, expected 0 for an empty directory" % first[bad])
 
     def names(self) -> None:
         """Canonical layout: each entry's name, then a symlink's target, back to back."""
         a = self.a
-        name_len, name_off = a["name_len"], a["name_off"]
-        blob = a["names"]
-        bad = _first_bad(name_len[1:] == 0)
-        if bad is not None:
-            raise self.fail("name_len", bad + 1, "= 0 (only the root has an empty name)")
-        bad = _first_bad(name_len > 255)
+        name_len, name_off, size, first = a["name_len"], a["name_off"], a["size"], a["first"]
+        # An empty name (but the root's), a name too long, a symlink target's length, a name
+        # not where the one before it ends, a symlink target not right after its name.
+        found = _FirstBad(5)
+        end = np.zeros(1, np.uint64)  # where the entry before this block ends in the blob
+        for lo, hi in _spans(self.n):
+            length, is_lnk = name_len[lo:hi], self.kind(lo, hi) == stat.S_IFLNK
+            empty = length == 0
+            if lo == 0:
+                empty[0] = False
+            found.note(0, lo, empty)
+            found.note(1, lo, length > 255)
+            off = name_off[lo:hi]
+            ends = off + length  # where each name ends (and its symlink target starts)
+            if is_lnk.any():
+                target = size[lo:hi]
+                found.note(2, lo, is_lnk & ((target == 0) | (target > MAX_LINK_TARGET)))
+                found.note(4, lo, is_lnk & (first[lo:hi] != ends), ends)
+                ends += np.where(is_lnk, target, 0)
+            # Each entry starts where the one before it ends (entry 0 at 0).
+            starts = np.concatenate((end, ends[:-1]))
+            found.note(3, lo, off != starts, starts)
+            end = ends[-1:]
+        if found.rows[0] is not None:
+            raise self.fail("name_len", found.rows[0], "= 0 (only the root has an empty name)")
+        bad = found.rows[1]
         if bad is not None:
             raise self.fail("name_len", bad, "= %d exceeds 255" % name_len[bad])
-        bad = _first_bad(self.is_lnk & ((a["size"] == 0) | (a["size"] > MAX_LINK_TARGET)))
+        bad = found.rows[2]
         if bad is not None:
             raise self.fail(
                 "size",
                 bad,
-                "= %d is not a symlink target length (1..%d)" % (a["size"][bad], MAX_LINK_TARGET),
+                "= %d is not a symlink target length (1..%d)" % (size[bad], MAX_LINK_TARGET),
             )
-        span = name_len.astype(np.uint64) + np.where(self.is_lnk, a["size"], 0).astype(np.uint64)
-        ends = np.cumsum(span, dtype=np.uint64)
-        starts = ends - span
-        bad = _first_bad(name_off != starts)
+        bad = found.rows[3]
         if bad is not None:
             raise self.fail(
                 "name_off",
                 bad,
                 "= %d, expected %d (names are stored back to back in entry order)"
-                % (name_off[bad], starts[bad]),
+                % (name_off[bad], found.values[3][0]),
             )
-        if int(ends[-1]) != len(blob):
+        if int(end[0]) != len(a["names"]):
             raise _fail(
                 self.pack,
                 "index: the names blob is %d bytes, its entries use %d"
-                % (len(blob), int(ends[-1])),
+                % (len(a["names"]), int(end[0])),
             )
-        target = name_off + name_len
-        bad = _first_bad(self.is_lnk & (a["first"] != target))
+        bad = found.rows[4]
         if bad is not None:
             raise self.fail(
                 "first",
                 bad,
                 "= %d, expected %d (a symlink's target follows its name)"
-                % (a["first"][bad], target[bad]),
+                % (first[bad], found.values[4][0]),
             )
-        # Bytes that may not appear: '/' and NUL in a name, NUL in a target.
-        for lo in range(0, len(blob), 16 * _BLOCK):
-            piece = blob[lo : lo + 16 * _BLOCK]
-            positions = np.flatnonzero((piece == _SLASH) | (piece == 0)).astype(
-                np.uint64
-            ) + np.uint64(lo)
-            if not len(positions):
+
+    def name_bytes(self) -> None:
+        """Bytes that may not appear: '/' and NUL in a name, NUL in a target; and no name is
+        '.' or '..'. Runs after `names`: entry e's name starts at name_off[e], inside the
+        blob, and the name_offs are sorted."""
+        a = self.a
+        name_len, name_off, blob = a["name_len"], a["name_off"], a["names"]
+        for lo, hi in _spans(len(blob)):
+            piece = blob[lo:hi]
+            hits = np.flatnonzero((piece == _SLASH) | (piece == 0))
+            if not len(hits):
                 continue
-            owner = np.searchsorted(starts, positions, side="right").astype(np.int64) - 1
-            in_name = positions < target[owner]
-            nul = blob[positions.astype(np.int64)] == 0
+            positions = hits.astype(np.uint64) + np.uint64(lo)
+            owner = np.searchsorted(name_off, positions, side="right").astype(np.int64) - 1
+            in_name = positions < name_off[owner] + name_len[owner]
+            nul = piece[hits] == 0
             bad = _first_bad(in_name | nul)
             if bad is not None:
                 e = int(owner[bad])
@@ -429,128 +529,190 @@ class _IndexCheck:
                 raise self.fail(
                     "names", e, "(%s) contains %s" % (what, "NUL" if nul[bad] else "'/'")
                 )
-        short = np.flatnonzero((name_len == 1) | (name_len == 2))
-        if len(short):
-            off = name_off[short].astype(np.int64)
+        last = len(blob) - 1
+        for lo, hi in _spans(self.n):
+            length = name_len[lo:hi]
+            short = np.flatnonzero((length == 1) | (length == 2))
+            if not len(short):
+                continue
+            off = name_off[lo:hi][short].astype(np.int64)
             dots = (blob[off] == _DOT) & (
-                (name_len[short] == 1) | (blob[np.minimum(off + 1, len(blob) - 1)] == _DOT)
+                (length[short] == 1) | (blob[np.minimum(off + 1, last)] == _DOT)
             )
             bad = _first_bad(dots)
             if bad is not None:
-                raise self.fail("names", int(short[bad]), "is '.' or '..'")
+                raise self.fail("names", lo + int(short[bad]), "is '.' or '..'")
 
-    def files(self) -> None:
+    def files_and_chunks(self) -> None:
         """Each file has ceil(size / chunk_size) chunks, or ceil(size / block_size) blocks,
         and the files' chunk ranges tile the chunk table in entry order (chunk id <-> (file,
-        chunk number) is a bijection)."""
+        chunk number) is a bijection); then the chunk table (`_ChunkCheck`). One pass: each
+        block of entries, then the chunks of its files while the files check out."""
         a = self.a
-        files = np.flatnonzero(self.is_reg)
-        sizes = a["size"][files]
-        bad = _first_bad(sizes >= _MAX_BYTES)
+        size, count, first = a["size"], a["count"], a["first"]
+        found = _FirstBad(3)  # a size too large, a wrong count, a chunk range out of place
+        chunks = _ChunkCheck(self)
+        end = np.zeros(1, np.uint64)  # where the chunks of the files before this block end
+        for lo, hi in _spans(self.n):
+            is_reg = self.kind(lo, hi) == stat.S_IFREG
+            rows: np.ndarray | None = None  # the files' entry ids, unless all of lo..hi-1
+            if is_reg.all():
+                sizes, counts, firsts = size[lo:hi], count[lo:hi], first[lo:hi]
+            else:
+                rows = np.flatnonzero(is_reg) + lo
+                if not len(rows):
+                    continue
+                sizes, counts, firsts = size[rows], count[rows], first[rows]
+            found.note(0, lo, sizes >= _MAX_BYTES, rows=rows)
+            if (counts == 1).all():
+                # One chunk each (most files of most datasets): 1..chunk_size bytes; each
+                # chunk decodes to its file's size.
+                wrong = sizes - np.uint64(1) >= np.uint64(self.chunk_size)
+                found.note(1, lo, wrong, counts, sizes, rows=rows)
+                usizes = sizes
+            else:
+                wide = counts.astype(np.uint64)
+                # The unit each count implies (blocks only where the count is too large for
+                # chunks); a count that is right for neither unit fails here.
+                if self.block_size:
+                    units = file_chunk_sizes(sizes, wide, self.chunk_size, self.block_size)
+                    wrong = wide != (sizes + units - np.uint64(1)) // units
+                else:
+                    unit = np.uint64(self.chunk_size)
+                    wrong = wide != (sizes + (unit - np.uint64(1))) // unit
+                found.note(1, lo, wrong, counts, sizes, rows=rows)
+                usizes = None
+            # Each file's chunks start where the previous file's end.
+            starts = np.concatenate((end, firsts[:-1] + counts[:-1]))
+            found.note(2, lo, firsts != starts, starts, rows=rows)
+            done, end = int(end[0]), firsts[-1:] + counts[-1:]
+            if found.any() or int(end[0]) > self.chunks:
+                continue  # reported below: the chunks are not looked at
+            if usizes is None:
+                usizes = chunk_usizes(sizes, wide, self.chunk_size, self.block_size)
+            for start, stop in _spans(int(end[0]), done):
+                chunks.check(start, stop, usizes[start - done : stop - done])
+        bad = found.rows[0]
         if bad is not None:
-            raise self.fail("size", int(files[bad]), "= %d is too large" % sizes[bad])
-        counts = a["count"][files].astype(np.uint64)
-        # The unit each count implies (blocks only where the count is too large for chunks);
-        # a count that is right for neither unit fails here.
-        units = file_chunk_sizes(sizes, counts, self.chunk_size, self.block_size)
-        bad = _first_bad(counts != (sizes + units - np.uint64(1)) // units)
+            raise self.fail("size", bad, "= %d is too large" % size[bad])
+        bad = found.rows[1]
         if bad is not None:
-            e = int(files[bad])
-            expected = "%d chunks of %d" % (-(-int(sizes[bad]) // self.chunk_size), self.chunk_size)
+            chunk_count, file_size = found.values[1]
+            expected = "%d chunks of %d" % (-(-file_size // self.chunk_size), self.chunk_size)
             if self.block_size:
                 expected += " or %d blocks of %d" % (
-                    -(-int(sizes[bad]) // self.block_size),
+                    -(-file_size // self.block_size),
                     self.block_size,
                 )
             raise self.fail(
                 "count",
-                e,
-                "= %d, but a file of %d bytes has %s" % (counts[bad], sizes[bad], expected),
+                bad,
+                "= %d, but a file of %d bytes has %s" % (chunk_count, file_size, expected),
             )
-        ends = np.cumsum(counts, dtype=np.uint64)
-        bad = _first_bad(a["first"][files] != ends - counts)
+        bad = found.rows[2]
         if bad is not None:
-            e = int(files[bad])
             raise self.fail(
                 "first",
-                e,
+                bad,
                 "= %d, expected %d (files' chunks are consecutive in entry order)"
-                % (a["first"][e], ends[bad] - counts[bad]),
+                % (first[bad], found.values[2][0]),
             )
-        used = int(ends[-1]) if len(ends) else 0
-        if used != self.chunks:
+        if int(end[0]) != self.chunks:
             raise _fail(
                 self.pack,
-                "index: files use %d chunks, the chunk table has %d" % (used, self.chunks),
+                "index: files use %d chunks, the chunk table has %d" % (int(end[0]), self.chunks),
             )
-        self._counts, self._sizes = counts, sizes
+        chunks.report()
 
-    def usizes(self) -> np.ndarray:
-        """Decoded size of every chunk: the file's unit, but the remainder for its last."""
-        return chunk_usizes(self._sizes, self._counts, self.chunk_size, self.block_size)
 
-    def chunk_table(self) -> None:
-        a = self.a
-        if not self.chunks:
-            return
-        partition = a["partition"]
-        bad = _first_bad(partition >= len(self.partition_sizes))
+class _ChunkCheck:
+    """The chunk table's checks, made on the chunks of one block of files at a time
+    (`_IndexCheck.files_and_chunks`): every chunk inside an existing partition, with a known
+    codec byte, a stored size that fits its decoded size, and an existing dictionary."""
+
+    def __init__(self, index: _IndexCheck) -> None:
+        a = index.a
+        self.index = index
+        self.partition, self.offset, self.csize, self.codec, self.dict_id = (
+            a[name] for name in ("partition", "offset", "csize", "codec", "dict")
+        )
+        self.limits = np.asarray(index.partition_sizes, dtype=np.uint64)
+        version = index.version
+        self.unknown = ~_codec_bytes(
+            version, _KNOWN_CODECS_BY_VERSION.get(version, _KNOWN_CODECS), any_shuffle=False
+        )
+        self.refuses_dict = ~_codec_bytes(
+            version, (2,) if version < 3 else (1, 2), any_shuffle=True
+        )
+        # A partition that does not exist, an offset too large, a chunk ending past its
+        # partition, an unknown codec byte, a stored size that does not fit its decoded
+        # size, a dictionary that does not exist or not for its codec.
+        self.found = _FirstBad(6)
+
+    def check(self, start: int, stop: int, usize: np.ndarray) -> None:
+        """Chunks start..stop-1, which decode to `usize` bytes each."""
+        found, limits = self.found, self.limits
+        part, off = self.partition[start:stop], self.offset[start:stop]
+        stored, byte = self.csize[start:stop], self.codec[start:stop]
+        found.note(0, start, part >= len(limits))
+        found.note(1, start, off >= _MAX_BYTES)
+        # Clipped: a partition that does not exist is reported above, never looked up.
+        limit = limits[0] if len(limits) == 1 else limits.take(np.minimum(part, len(limits) - 1))
+        found.note(2, start, off + stored > limit)
+        found.note(3, start, self.unknown.take(byte))
+        # A raw chunk is exactly its decoded size; any other is 1..that size.
+        found.note(4, start, (stored > usize) | (stored < np.where(byte == 0, usize, 1)), usize)
+        ids = self.dict_id[start:stop]
+        if self.index.dictionaries:
+            refused = (ids > self.index.dictionaries) | ((ids != 0) & self.refuses_dict.take(byte))
+        else:
+            refused = ids != 0
+        found.note(5, start, refused)
+
+    def report(self) -> None:
+        """Raise PackFormatError for the first check, in order, that found a bad chunk."""
+        index, rows = self.index, self.found.rows
+        partition, offset, csize, codec = self.partition, self.offset, self.csize, self.codec
+        bad = rows[0]
         if bad is not None:
-            raise self.fail(
+            raise index.fail(
                 "partition",
                 bad,
-                "= %d, but the pack has %d partitions"
-                % (partition[bad], len(self.partition_sizes)),
+                "= %d, but the pack has %d partitions" % (partition[bad], len(self.limits)),
             )
-        offset, csize = a["offset"], a["csize"].astype(np.uint64)
-        bad = _first_bad(offset >= _MAX_BYTES)
+        bad = rows[1]
         if bad is not None:
-            raise self.fail("offset", bad, "= %d is too large" % offset[bad])
-        limits = np.asarray(self.partition_sizes, dtype=np.uint64)[partition]
-        bad = _first_bad(offset + csize > limits)
+            raise index.fail("offset", bad, "= %d is too large" % offset[bad])
+        bad = rows[2]
         if bad is not None:
-            raise self.fail(
+            raise index.fail(
                 "offset",
                 bad,
                 "= %d with csize %d ends past the %d bytes of partition %d"
-                % (offset[bad], csize[bad], limits[bad], partition[bad]),
+                % (offset[bad], csize[bad], self.limits[partition[bad]], partition[bad]),
             )
-        codec = a["codec"]
-        codec_id, nibble = codec & 0x0F, codec >> 4
-        known = np.isin(codec_id, _KNOWN_CODECS_BY_VERSION.get(self.version, _KNOWN_CODECS))
-        shuffle_ok = (
-            nibble == 0
-            if self.version < 3
-            else (nibble <= _MAX_SHUFFLE_NIBBLE) & ((nibble == 0) | (codec_id != 0))
-        )
-        bad = _first_bad(~(known & shuffle_ok))
+        bad = rows[3]
         if bad is not None:
-            raise self.fail(
+            raise index.fail(
                 "codec",
                 bad,
-                "= %d is not a codec byte of format version %d" % (codec[bad], self.version),
+                "= %d is not a codec byte of format version %d" % (codec[bad], index.version),
             )
-        usize = self.usizes()
-        raw = codec == 0
-        bad = _first_bad((raw & (csize != usize)) | (~raw & ((csize == 0) | (csize > usize))))
+        bad = rows[4]
         if bad is not None:
-            raise self.fail(
+            raise index.fail(
                 "csize",
                 bad,
                 "= %d does not fit a chunk of %d bytes with codec %d"
-                % (csize[bad], usize[bad], codec[bad]),
+                % (csize[bad], self.found.values[4][0], codec[bad]),
             )
-        dict_id = a["dict"]
-        dict_codecs = (2,) if self.version < 3 else (1, 2)
-        bad = _first_bad(
-            (dict_id > self.dictionaries) | ((dict_id != 0) & ~np.isin(codec_id, dict_codecs))
-        )
+        bad = rows[5]
         if bad is not None:
-            raise self.fail(
+            raise index.fail(
                 "dict",
                 bad,
                 "= %d is not a dictionary of this pack for codec %d (%d dictionaries)"
-                % (dict_id[bad], codec[bad], self.dictionaries),
+                % (self.dict_id[bad], codec[bad], index.dictionaries),
             )
 
 
