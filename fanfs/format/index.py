@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import stat
 import sys
+import threading
 import zlib
 from collections.abc import Iterator
 from typing import Any, Final
@@ -40,10 +42,13 @@ from fanfs.format.layout import (
 ROOT_ID: Final = 0
 # numpy dtype -> memoryview format for hot-path access (the host is little-endian, checked).
 _NATIVE: Final[dict[str, Any]] = {"<u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q", "<i8": "q"}
+# The index is read in pieces of this size, each checksummed (`_Crc32Behind`) while the next
+# is read.
+READ_PIECE: Final = 8 << 20
 
 
-def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
-    """The index file's bytes in anonymous memory of this process.
+def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | bytes, int]:
+    """The index file's bytes in anonymous memory of this process, and their crc32.
 
     Never a mapping of the file: whoever can write the pack could change or truncate it
     after it was validated (a cycle, or SIGBUS on the next access). Serving processes forked
@@ -64,25 +69,59 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> mmap.mmap | bytes:
                 % (pack_dir, format_size(size), format_size(available))
             )
         if not size:
-            return b""
+            return b"", 0
         buf = mmap.mmap(-1, size)
         view = memoryview(buf)
+        crc = _Crc32Behind(view)
         try:
             done = 0
             while done < size:
-                got = os.preadv(fd, [view[done:]], done)
+                got = os.preadv(fd, [view[done : done + READ_PIECE]], done)
                 if got <= 0:
                     raise PackFormatError(
                         "%s: index shrank while being read (truncated pack?)" % pack_dir
                     )
                 done += got
+                crc.advance(done)
         finally:
+            checksum = crc.finish()
             view.release()
-        return buf
+        return buf, checksum
     except OSError as exc:
         raise PackFormatError("%s: cannot read index: %s" % (pack_dir, exc.strerror)) from exc
     finally:
         os.close(fd)
+
+
+class _Crc32Behind:
+    """The crc32 of a buffer's first bytes, computed in a thread of its own as a reader fills
+    the buffer (`advance`): crc32 and the reads both release the GIL, so on two cores the
+    checksum of an index of hundreds of MB costs almost none of its own time. `finish`
+    always joins the thread (the mount forks after the index is read: no thread may be
+    left running)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._ends: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._crc = 0
+        self._thread = threading.Thread(target=self._run, name="fanfs-index-crc32", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = 0
+        while (end := self._ends.get()) is not None:
+            self._crc = zlib.crc32(self._view[start:end], self._crc)
+            start = end
+
+    def advance(self, end: int) -> None:
+        """The buffer's first `end` bytes are in place."""
+        self._ends.put(end)
+
+    def finish(self) -> int:
+        """Wait for the thread; the crc32 of the bytes advanced over."""
+        self._ends.put(None)
+        self._thread.join()
+        return self._crc
 
 
 def encode_columns(
@@ -118,9 +157,9 @@ class Index:
         The tree structure is checked by `format.validate.check_index` (PackReader)."""
         if sys.byteorder != "little":
             raise PackFormatError("fanfs packs are little-endian; this host is not")
-        self._map = _read_private(pack_dir, meta)
+        self._map, crc = _read_private(pack_dir, meta)
         size = len(self._map)
-        if zlib.crc32(self._map) != meta["crc32"]:
+        if crc != meta["crc32"]:
             raise PackFormatError("%s: index checksum mismatch (corrupt pack)" % pack_dir)
         self.entry_count: int = meta["entries"]
         self.chunk_count: int = meta["chunks"]

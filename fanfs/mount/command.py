@@ -5,10 +5,13 @@ daemon) or one rank of a cluster mount (MPI start-up and staging by `cluster_sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 
 from fanfs.cluster.topology import detect_launch
 from fanfs.format.reader import PackReader
@@ -30,13 +33,36 @@ def mount_from_args(args: argparse.Namespace) -> int:
     if config.cluster or (config.cluster is None and launch is not None and launch[1] > 1):
         return _cluster_from_config(config, launch[0] if launch else 0)
     check_mountpoint(config.mountpoint)
-    reader = PackReader(config.pack)
+    with _serving_modules_imported():
+        reader = PackReader(config.pack)
     pyfuse3 = import_pyfuse3()
     if config.foreground:
         setup_logging(debug=config.debug, logfile=config.logfile)
         return serve(reader, config, pyfuse3, on_ready=lambda: None)
     logfile = config.logfile or default_logfile(config.mountpoint)
     return daemonize(reader, config, pyfuse3, logfile)
+
+
+@contextlib.contextmanager
+def _serving_modules_imported() -> Iterator[None]:
+    """Import what serving needs (pyfuse3, trio, the FUSE operations, the prefetcher: a few
+    tenths of a second from a cold page cache) in a thread, while the body reads and checks
+    the index, which mostly waits for the disk or runs numpy without the GIL. Joined before
+    the body's outcome is known: the daemon forks next, and no thread may be running then. A
+    failed import is left for `import_pyfuse3` (after the pack's checks, as before) to report."""
+
+    def run() -> None:
+        with contextlib.suppress(ImportError):
+            import fanfs.cache
+            import fanfs.hints
+            import fanfs.operations  # noqa: F401
+
+    thread = threading.Thread(target=run, name="fanfs-imports", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _cluster_from_config(config: MountConfig, rank: int) -> int:
