@@ -85,6 +85,9 @@ class PackReader:
         # Per partition: a view of its copy in shared memory, or None (read with pread).
         self._memory: list[memoryview | None] = [None] * len(self.partitions)
         self._region: mmap.mmap | None = None
+        # Reads that never wait for the disk (RWF_NOWAIT, Linux 4.14): off where the pack's
+        # filesystem refuses them (tests turn them off to model a cold disk).
+        self.nowait_reads = hasattr(os, "RWF_NOWAIT")
         raise_open_file_limit(len(self.partitions) + 64)
         self.local = [local is None or n in local for n in range(len(self.partitions))]
         try:
@@ -220,6 +223,30 @@ class PackReader:
         return file_chunk_size(
             index.size[entry], index.count[entry], self.chunk_size, self.block_size
         )
+
+    def read_stored_if_cached(self, chunk: int) -> memoryview | None:
+        """The stored bytes of `chunk` if the kernel's page cache holds all of them, read
+        without waiting for the disk (RWF_NOWAIT); None if it does not, or if the pack's
+        filesystem cannot tell (the caller then reads in a worker thread, which also reports
+        any error). Safe on the trio thread."""
+        if not self.nowait_reads:
+            return None
+        index = self.index
+        buf = bytearray(index.chunk_csize[chunk])
+        try:
+            got = os.preadv(
+                self._fds[index.chunk_partition[chunk]],
+                [buf],
+                index.chunk_offset[chunk],
+                os.RWF_NOWAIT,
+            )
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self.nowait_reads = False  # not on this filesystem: never ask again
+            return None
+        return memoryview(buf) if got == len(buf) else None
 
     def chunk_usize(self, entry: int, chunk_no: int) -> int:
         """Uncompressed size of the `chunk_no`-th chunk of file `entry`."""

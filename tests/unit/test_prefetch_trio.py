@@ -52,6 +52,7 @@ def setup(
 ) -> Iterator[tuple[Operations, Prefetcher, Pushes]]:
     into = request.param
     reader = PackReader(str(pack))
+    reader.nowait_reads = False  # a cold disk: every load in a worker thread
     shared = SharedState(processes=1, partitions=1, chunks=reader.index.chunk_count)
     store = ChunkStore(reader, shared, buffer_budget=8 << 20, thread_limit=2)
     ops = Operations(store, noopen=True, info=MountInfo(pack=str(pack)))

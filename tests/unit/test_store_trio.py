@@ -5,8 +5,10 @@ milliseconds instead of in a mount."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,10 @@ def expected_chunk(rel: str, chunk_no: int) -> bytes:
 
 
 def make_store(reader: PackReader, shared: SharedState | None = None, **kw: object) -> ChunkStore:
+    """A store over partitions not preloaded, read as from a cold disk: in a worker thread
+    (the pack just written is in the page cache, which the store would otherwise read from
+    on the trio thread: `test_chunks_in_the_page_cache_are_decoded_without_a_thread`)."""
+    reader.nowait_reads = False
     shared = shared or SharedState(
         processes=2, partitions=len(reader.partitions), chunks=reader.index.chunk_count
     )
@@ -274,3 +280,27 @@ def test_counters_do_not_depend_on_the_readers_interleaving(pack: Path) -> None:
     # buffer_budget=0: nothing is kept, so a chunk is decoded again only when the two groups
     # did not overlap on it; never more than once per reader.
     assert len(work) <= store.shared.counters[sh.THREAD_DECODES] <= 2 * len(work)
+
+
+def test_chunks_in_the_page_cache_are_decoded_without_a_thread(pack: Path) -> None:
+    """A partition that is not preloaded but is in the kernel's page cache is read without
+    waiting for the disk (RWF_NOWAIT) and decoded on the trio thread, as a preloaded one is;
+    once the kernel has dropped it, the read goes to a worker thread."""
+    reader = open_reader(pack)
+    store = make_store(reader)
+    reader.nowait_reads = True
+    rel = "d0/f02.bin"
+    entry = entry_at(reader, rel)
+    cid = reader.index.first[entry]
+    number = reader.index.chunk_partition[cid]
+    fd = os.open(pack / partition_name(number), os.O_RDONLY)
+    try:
+        os.pread(fd, 1 << 30, 0)  # the whole partition into the page cache
+        counters = store.shared.counters
+        assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
+        assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 0)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
+        assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 1)  # again
+    finally:
+        os.close(fd)
