@@ -42,6 +42,8 @@ from fanfs.format.layout import (
 ROOT_ID: Final = 0
 # numpy dtype -> memoryview format for hot-path access (the host is little-endian, checked).
 _NATIVE: Final[dict[str, Any]] = {"<u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q", "<i8": "q"}
+# Rows per step of a scan over all entries (small temporaries, reused).
+_SCAN_ROWS: Final = 1 << 15
 # The index is read in pieces of this size, each checksummed (`_Crc32Behind`) while the next
 # is read.
 READ_PIECE: Final = 8 << 20
@@ -242,7 +244,18 @@ class Index:
         return b"/".join(reversed(parts))
 
     def subdir_counts(self) -> np.ndarray:
-        """Number of child directories of every entry (for st_nlink), vectorised."""
-        is_dir = (self.arrays["mode"] & 0o170000) == stat.S_IFDIR
-        is_dir[ROOT_ID] = False  # the root is its own parent; do not count it
-        return np.bincount(self.arrays["parent"][is_dir], minlength=self.entry_count)
+        """Number of child directories of every entry (for st_nlink), vectorised: int64.
+
+        In blocks, and into zeroed memory that is only touched where a directory's parent
+        is: no temporary as long as the index (fresh memory is slow to touch on a VM)."""
+        mode, parent = self.arrays["mode"], self.arrays["parent"]
+        parents = [np.zeros(0, dtype=parent.dtype)]
+        for lo in range(0, self.entry_count, _SCAN_ROWS):
+            dirs = np.flatnonzero((mode[lo : lo + _SCAN_ROWS] & 0o170000) == stat.S_IFDIR)
+            if lo == ROOT_ID:
+                dirs = dirs[dirs != ROOT_ID]  # the root is its own parent; do not count it
+            parents.append(parent[dirs + lo])
+        counts = np.zeros(self.entry_count, dtype=np.int64)
+        found = np.bincount(np.concatenate(parents))
+        counts[: len(found)] = found
+        return counts

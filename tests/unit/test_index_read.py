@@ -67,3 +67,19 @@ def test_a_failed_read_leaves_no_thread(tmp_path: Path, monkeypatch: pytest.Monk
         PackReader(str(pack))
     assert str(caught.value) == "%s: cannot read index: Input/output error" % pack
     assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 1 << 15])
+def test_subdir_counts_in_blocks(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_module, "_SCAN_ROWS", rows)
+    reader = PackReader(str(GOLDEN))
+    try:
+        arrays = reader.index.arrays
+        is_dir = (arrays["mode"] & 0o170000) == 0o040000
+        is_dir[0] = False
+        expected = np.bincount(arrays["parent"][is_dir], minlength=reader.index.entry_count)
+        got = reader.index.subdir_counts()
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+        assert got[0] > 0
+    finally:
+        reader.close()
