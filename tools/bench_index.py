@@ -143,6 +143,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--sample", type=int, default=10_000, help="files read back and checked")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` arguments")
+    p.add_argument(
+        "--pack",
+        type=Path,
+        default=None,
+        help="keep the pack here and reuse it if it exists (same --files, --dirs and "
+        "--file-size; not checked); default: a new one in --workdir, removed at the end",
+    )
     return p.parse_args(argv)
 
 
@@ -150,17 +157,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     bl.install_signal_handlers()
     work = Path(tempfile.mkdtemp(prefix="fanfs-bench-index-", dir=args.workdir))
-    pack, mnt, log_path = work / "pack.fan", work / "mnt", work / "fanfs.log"
+    pack, mnt, log_path = args.pack or work / "pack.fan", work / "mnt", work / "fanfs.log"
     fanfs = [sys.executable, "-m", "fanfs"]
     try:
-        pack.mkdir()
-        t0 = time.monotonic()
-        made = write_pack(pack, args.files, args.dirs, args.file_size)
-        bl.log(
-            "pack written in %.0f s: index %.0f MB",
-            time.monotonic() - t0,
-            made["index_bytes"] / 1e6,
-        )
+        if args.pack is not None and (pack / "index").exists():
+            made = {"index_bytes": (pack / "index").stat().st_size}
+            bl.log("reusing %s: index %.0f MB", pack, made["index_bytes"] / 1e6)
+        else:
+            pack.mkdir()
+            t0 = time.monotonic()
+            made = write_pack(pack, args.files, args.dirs, args.file_size)
+            bl.log(
+                "pack written in %.0f s: index %.0f MB",
+                time.monotonic() - t0,
+                made["index_bytes"] / 1e6,
+            )
         with bl.MountStack() as mounts:
             mnt.mkdir()
             mounts.register(
