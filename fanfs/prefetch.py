@@ -161,6 +161,7 @@ class Prefetcher:
         self._fill = fill and isinstance(store.objects, MinioCache)
         self._rest: list[tuple[int, int, bytes | memoryview]] = []
         self._rest_bytes = 0
+        self._busy = 0  # workers in the middle of a batch
         self._started = trio.Event()
 
     # -- what readers reveal ---------------------------------------------------------------
@@ -326,10 +327,16 @@ class Prefetcher:
                 self.store.shared.pushed[first[entry] + chunk_no] = 1
                 self.counters[sh.REST_PUSHED] += 1
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no worker busy (tests wait for this)."""
+        return not self._jobs and not self._rest and not self._busy
+
     async def _worker(self) -> None:
         while True:
             while not self._jobs and not self._rest:
                 await self._lot.park()
+            self._busy += 1
             try:
                 if self._rest:
                     await self._push_rest()
@@ -337,6 +344,8 @@ class Prefetcher:
                     await self._work(*self._next_batch())
             except Exception:  # a bug here must cost read-ahead, never the mount
                 log.exception("read-ahead failed (reads are not affected)", extra=LOG_ONCE)
+            finally:
+                self._busy -= 1
 
     async def _work(self, local: list[tuple[int, int]], remote: list[tuple[int, int]]) -> None:
         # The store keeps (or holds, for the push) each loaded chunk before it returns: a

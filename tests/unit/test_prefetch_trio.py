@@ -72,8 +72,8 @@ async def lookup(ops: Operations, rel: str) -> int:
 
 async def settle(ops: Operations) -> None:
     """Let the workers finish what they queued (they decode and push in worker threads,
-    which `wait_all_tasks_blocked` does not wait for): until every chunk issued has landed
-    somewhere, at most 5 s."""
+    which `wait_all_tasks_blocked` does not wait for): until nothing is queued, no worker is
+    busy and every chunk issued has landed somewhere."""
     c = ops.shared.counters
     landed = (
         sh.PREFETCH_BUFFERED,
@@ -82,8 +82,11 @@ async def settle(ops: Operations) -> None:
         sh.PREFETCH_FAILED,
         sh.PREFETCH_DROPPED,
     )
-    with trio.move_on_after(5):
-        while c[sh.PREFETCH_ISSUED] > sum(c[k] for k in landed):  # noqa: ASYNC110 - counters
+    prefetcher = ops.prefetcher
+    assert prefetcher is not None
+    with trio.move_on_after(30):  # a bound for a loaded machine, not a timing
+        # Queued but not taken yet counts too: a worker may not have run since the READ.
+        while not prefetcher.idle or c[sh.PREFETCH_ISSUED] > sum(c[k] for k in landed):  # noqa: ASYNC110
             await trio.sleep(0.005)
     await trio.testing.wait_all_tasks_blocked()
 
