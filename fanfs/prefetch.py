@@ -478,30 +478,29 @@ class CacheFiller:
 
     def order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Chunk ids of this node's partitions in storage order, and every chunk's decoded
-        size and file (entry id)."""
+        size and file (entry id). 4-byte ids and sizes where they fit: at 10 M chunks these
+        arrays live as long as the fill."""
         store = self.store
         index = store.index
+        ids = np.int32 if index.chunk_count < 2**31 and index.entry_count < 2**31 else np.int64
         partitions = np.asarray(index.chunk_partition)
         local = np.flatnonzero(np.asarray(store.reader.local, dtype=bool)[partitions])
         offsets = np.asarray(index.chunk_offset)[local]
-        order = local[np.lexsort((offsets, partitions[local]))]
+        order = local[np.lexsort((offsets, partitions[local]))].astype(ids)
+        del local, offsets
         modes = np.asarray(index.mode)
-        counts = np.asarray(index.count).astype(np.int64)
+        counts = np.asarray(index.count)
         files = np.flatnonzero(((modes & 0o170000) == stat.S_IFREG) & (counts > 0))
-        starts = np.asarray(index.first)[files].astype(np.int64)
         reader = store.reader
+        # Chunk sizes are at most 64 MiB (format.md section 13).
         usizes = chunk_usizes(
             np.asarray(index.size)[files],
             counts[files],
             reader.chunk_size,
             reader.block_size,
-        ).astype(np.int64)
-        # A file's chunks are consecutive ids: each chunk belongs to the last file starting
-        # at or before it.
-        marks = np.full(index.chunk_count, -1, dtype=np.int64)
-        marks[starts] = files
-        last_start = np.maximum.accumulate(np.where(marks >= 0, np.arange(index.chunk_count), 0))
-        owners = marks[last_start] if index.chunk_count else marks
+        ).astype(np.uint32)
+        # The files' chunk ranges tile the chunk table in entry order (checked at open).
+        owners = np.repeat(files.astype(ids), counts[files])
         return order, usizes, owners
 
     def fill(self, batch: list[tuple[int, int, int]]) -> tuple[int, int, int, bool]:
