@@ -143,7 +143,8 @@ class Operations(pyfuse3.Operations):
         self.prefetcher: Prefetcher | None = None
         self.uid = os.getuid()
         self.gid = os.getgid()
-        nlink = self.index.subdir_counts().astype(np.uint32) + 2
+        nlink = self.index.subdir_counts().astype(np.uint32)
+        nlink += 2  # in place: one array of 4 bytes per entry, not two
         self._nlink = nlink.data.cast("B").cast("I")
 
     def init(self) -> None:
