@@ -44,6 +44,7 @@ pytestmark = [
 ]
 
 CHUNK_SIZE = 64 * 1024
+BLOCK_SIZE = 16 * 1024
 PARTITIONS = 12
 # Fault-injection tests re-read files to reach a peer again: no object cache or read-ahead
 # buffer may answer them (test_every_rank_serves... runs with both on).
@@ -140,6 +141,9 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
         "-q",
         "--chunk-size",
         str(CHUNK_SIZE),
+        # Files above a chunk in blocks (format 5): remote fetches of blocks too.
+        "--block-size",
+        str(BLOCK_SIZE),
         "--partitions",
         str(PARTITIONS),
         "--broadcast",
