@@ -84,22 +84,6 @@ def errno_of(coro_fn: object, *args: object) -> int:
     return trio.run(call)
 
 
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    rel=st.sampled_from(sorted(FILES)),
-    off=st.integers(0, 4 * CHUNK),
-    size=st.integers(0, 4 * CHUNK),
-)
-def test_read_returns_the_source_bytes_at_any_offset_and_length(
-    ops: Operations, rel: str, off: int, size: int
-) -> None:
-    inode = inode_of(ops, rel)
-    got = trio.run(ops.read, inode, off, size)
-    assert bytes(got) == FILES[rel][off : off + size]
-
-
 # Format 5: files larger than a chunk (8 KiB here) in blocks of 4 KiB, beside one-chunk files.
 BLOCK_FILES = {
     "blocks.bin": label_text(5 * CHUNK + 123, 4),  # 6 blocks
@@ -128,20 +112,26 @@ def block_ops(block_pack: Path) -> Iterator[Operations]:
     operations.store.reader.close()
 
 
+# (mount fixture, its files): 4 KiB chunks; 8 KiB chunks with 4 KiB blocks (format 5).
+READ_CASES = {"chunks": ("ops", FILES), "blocks": ("block_ops", BLOCK_FILES)}
+
+
+@pytest.mark.parametrize("case", sorted(READ_CASES))
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    rel=st.sampled_from(sorted(BLOCK_FILES)),
-    off=st.integers(0, 6 * CHUNK),
-    size=st.integers(0, 6 * CHUNK),
-)
-def test_blocks_read_back_the_source_at_any_offset_and_length(
-    block_ops: Operations, rel: str, off: int, size: int
+@given(data=st.data())
+def test_read_returns_the_source_bytes_at_any_offset_and_length(
+    request: pytest.FixtureRequest, case: str, data: st.DataObject
 ) -> None:
-    inode = inode_of(block_ops, rel)
-    got = trio.run(block_ops.read, inode, off, size)
-    assert bytes(got) == BLOCK_FILES[rel][off : off + size]
+    fixture, files = READ_CASES[case]
+    ops: Operations = request.getfixturevalue(fixture)
+    rel = data.draw(st.sampled_from(sorted(files)))
+    span = max(len(content) for content in files.values()) + CHUNK
+    off = data.draw(st.integers(0, span))
+    size = data.draw(st.integers(0, span))
+    got = trio.run(ops.read, inode_of(ops, rel), off, size)
+    assert bytes(got) == files[rel][off : off + size]
 
 
 def test_a_small_read_inside_a_file_in_blocks_decodes_one_block(block_pack: Path) -> None:
