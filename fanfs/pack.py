@@ -41,6 +41,7 @@ from fanfs.format.layout import (
     chunk_count,
     chunk_length,
     storage_unit,
+    storage_units,
 )
 from fanfs.format.writer import PackWriter
 from fanfs.optimizer import Plan, PlanSettings, class_of, make_plan
@@ -237,10 +238,7 @@ class Packer:
         files = tree.regular_files()
         sizes = tree.size.array[files].astype(np.int64)
         bcast = (tree.flags.array[files] & BROADCAST) != 0
-        chunk_size = self.opts.chunk_size
-        units = np.where(
-            (sizes > chunk_size) & (self.block_size > 0), self.block_size, chunk_size
-        )  # layout.storage_unit, per file
+        units = storage_units(sizes, self.opts.chunk_size, self.block_size)
         counts: np.ndarray = -(-sizes // units)  # layout.chunk_count, per file
         tasks_total = int(counts.sum())
         regular = int(counts[~bcast].sum())

@@ -176,6 +176,13 @@ def storage_unit(size: int, chunk_size: int, block_size: int) -> int:
     return block_size if block_size and size > chunk_size else chunk_size
 
 
+def storage_units(sizes: np.ndarray, chunk_size: int, block_size: int) -> np.ndarray:
+    """`storage_unit` of many files at once."""
+    if not block_size:
+        return np.full(len(sizes), chunk_size, dtype=np.int64)
+    return np.where(sizes > chunk_size, block_size, chunk_size).astype(np.int64)
+
+
 def chunk_count(size: int, chunk_size: int) -> int:
     """How many chunks a file of `size` bytes is stored in (0 for an empty file)."""
     return -(-size // chunk_size)
