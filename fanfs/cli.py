@@ -103,18 +103,23 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("codec plan (fanfs plan, fanfs pack --codec auto)")
     g.add_argument(
         "--mode",
-        choices=("sync", "prefetch"),
+        choices=("balanced", "sync", "prefetch"),
         default=None,
-        help="sync (default): decode may add --max-overhead to every read; prefetch: decoding on "
-        "--decode-cores must keep up with --target-rate",
+        help="balanced (default): the smallest pack that decodes no slower in all than zstd:3 "
+        "(the default codec); sync: decode may add --max-overhead to every read; prefetch: "
+        "decoding on --decode-cores must keep up with --target-rate (implied by it)",
     )
     g.add_argument(
         "--max-overhead",
-        default="5%",
-        help="sync: decode time allowed per sample, as a share of reading it raw plus "
-        "--compute-ms (default 5%%)",
+        default=None,
+        help="sync (implied by it): decode time allowed per sample, as a share of reading it "
+        "raw plus --compute-ms (default 5%%)",
     )
-    g.add_argument("--compute-ms", default="0", help="sync: compute time per sample (default 0)")
+    g.add_argument(
+        "--compute-ms",
+        default=None,
+        help="sync (implied by it): compute time per sample (default 0)",
+    )
     g.add_argument(
         "--read-mbps",
         default=None,

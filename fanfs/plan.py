@@ -77,9 +77,22 @@ def _number(text: str, what: str, *, positive: bool) -> float:
 
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     files_rate, bytes_rate = parse_rate(args.target_rate) if args.target_rate else (None, None)
-    mode = args.mode or ("prefetch" if args.target_rate else "sync")
+    # Without --mode: prefetch if a target rate is given, sync if a sync option is, else
+    # balanced (decode no slower than the default codec's).
+    sync_options = [
+        flag
+        for flag, value in (
+            ("--max-overhead", args.max_overhead),
+            ("--compute-ms", args.compute_ms),
+        )
+        if value is not None
+    ]
+    implied = "prefetch" if args.target_rate else "sync" if sync_options else None
+    mode = args.mode or implied or "balanced"
     if mode == "prefetch" and not args.target_rate:
         raise UsageError("--mode prefetch needs --target-rate")
+    if mode != "sync" and sync_options:
+        raise UsageError("%s applies to --mode sync (not %s)" % (sync_options[0], mode))
     read_model = None
     if args.read_mbps is not None or args.read_latency_ms is not None:
         if args.read_mbps is None or args.read_latency_ms is None:
@@ -90,19 +103,17 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
             "given",
         )
     capacity = parse_size(args.capacity) if args.capacity else None
-    compute = _number(args.compute_ms, "--compute-ms", positive=False)
+    compute = _number(args.compute_ms or "0", "--compute-ms", positive=False)
     return PlanSettings(
         mode="capacity" if capacity is not None else mode,
-        max_overhead=parse_percent(args.max_overhead),
+        max_overhead=parse_percent(args.max_overhead or "5%"),
         compute_s=compute / 1e3,
         read_model=read_model,
         target_files_per_s=files_rate,
         target_bytes_per_s=bytes_rate,
         decode_cores=_number(args.decode_cores, "--decode-cores", positive=True),
         capacity_bytes=capacity,
-        check_mode=(args.mode or ("prefetch" if args.target_rate else None))
-        if capacity is not None
-        else None,
+        check_mode=(args.mode or implied) if capacity is not None else None,
         sample_bytes=parse_size(args.sample_bytes),
         time_budget_s=(
             _number(args.time_budget, "--time-budget", positive=True)
@@ -241,7 +252,12 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         out.append(
             "objective   least decode time that fits in %s" % format_size(s["capacity_bytes"])
         )
-    if mode == "sync":
+    if mode == "balanced":
+        out.append(
+            "budget      balanced: decode no slower in all than the default codec, zstd:3 "
+            "(--mode sync or prefetch for a budget of your job's)"
+        )
+    elif mode == "sync":
         out.append(
             "budget      sync: decode may add %g%% to the time to read a sample raw%s"
             % (

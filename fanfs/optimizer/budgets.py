@@ -15,7 +15,14 @@ from fanfs.compression import (
 from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
-from fanfs.optimizer.measurement import ClassProfile, MeasureFn, PlanCost, measure, profile
+from fanfs.optimizer.measurement import (
+    ClassProfile,
+    MeasureFn,
+    PlanCost,
+    measure,
+    profile,
+    reference_of,
+)
 from fanfs.optimizer.sampling import ReadModel, fit_read_model, read_unit, sample_classes
 from fanfs.optimizer.selection import Objective, Selection, select
 
@@ -24,7 +31,7 @@ from fanfs.optimizer.selection import Objective, Selection, select
 class PlanSettings:
     """Everything `fanfs plan` and `fanfs pack --codec auto` take (see `fanfs plan --help`)."""
 
-    mode: str = "sync"  # "sync" | "prefetch" | "capacity"
+    mode: str = "balanced"  # "balanced" | "sync" | "prefetch" | "capacity"
     max_overhead: float = 0.05
     compute_s: float = 0.0
     read_model: ReadModel | None = None  # None: fitted on the sample reads
@@ -47,7 +54,8 @@ class PlanSettings:
 def decode_budget(
     mode: str, settings: PlanSettings, files: int, size: int, read: ReadModel
 ) -> float:
-    """Seconds of one-thread decode allowed per epoch (every file read once).
+    """Seconds of one-thread decode allowed per epoch (every file read once), for the modes
+    whose budget is known before profiling (balanced's is `reference_decode_s`).
 
     sync: decode adds to every read, so the epoch's total decode may be at most
         max_overhead x (raw read time + compute time) of the epoch; an average over files,
@@ -67,6 +75,22 @@ def decode_budget(
             raise UsageError("--mode prefetch needs --target-rate")
         return settings.decode_cores * epoch_s
     raise ValueError(mode)
+
+
+def reference_decode_s(profiles: Sequence[ClassProfile], candidates: Sequence[Candidate]) -> float:
+    """The balanced mode's budget: seconds of one-thread decode per epoch of the whole
+    dataset stored with the reference codec (zstd:3, `fanfs pack`'s default), as profiled.
+
+    A plan within it decodes no slower in all than the default pack, and spends what its
+    cheaper classes save (an incompressible class stored raw, lz4 where it loses nothing) on
+    denser codecs elsewhere: the default pack is always one of its options, so the plan is
+    never projected larger. Without the reference among the candidates, the cheapest plain
+    candidate stands in (`reference_of`)."""
+    ref = reference_of(candidates)
+    total = 0.0
+    for prof in profiles:
+        total += next((e.decode_s for e in prof.estimates if e.candidate == ref), 0.0)
+    return total
 
 
 @dataclass(slots=True)
@@ -133,10 +157,11 @@ def make_plan(
     else:
         time_budget = settings.time_budget_s
     budget: float | None = None
-    if settings.mode in ("sync", "prefetch"):
-        budget = decode_budget(settings.mode, settings, n_files, n_bytes, read_model)
-    elif settings.check_mode:
-        budget = decode_budget(settings.check_mode, settings, n_files, n_bytes, read_model)
+    budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
+    if budget_mode in ("sync", "prefetch"):
+        budget = decode_budget(budget_mode, settings, n_files, n_bytes, read_model)
+    # balanced: the budget is the reference's decode, known once profiled; until then none
+    # (so the densest candidates are measured first: zstd's levels decode alike)
     profiles = profile(
         classes,
         settings.candidates,
@@ -145,6 +170,8 @@ def make_plan(
         spent_out=cost,
         decode_budget_s=budget,
     )
+    if budget_mode == "balanced":
+        budget = reference_decode_s(profiles, settings.candidates)
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     selection = select(profiles, objective)
     if settings.time_budget_s is None:
@@ -160,8 +187,11 @@ def make_plan(
                 time_budget_s=settings.plan_share * chosen_s,
                 measure_fn=measure_fn,
                 spent_out=cost,
-                decode_budget_s=budget,
+                decode_budget_s=budget if budget_mode != "balanced" else None,
             )
+            if budget_mode == "balanced":
+                budget = reference_decode_s(profiles, settings.candidates)
+                objective = Objective(settings.mode, budget, settings.capacity_bytes)
             selection = select(profiles, objective)
     return Plan(
         settings,

@@ -482,7 +482,7 @@ def test_plan_is_deterministic_with_a_seed_and_injected_measurements(tree: Path)
 
 
 def test_plan_stores_incompressible_class_raw(tree: Path) -> None:
-    record = _plan(tree, seed=1, max_overhead=100.0)
+    record = _plan(tree, seed=1, mode="sync", max_overhead=100.0)
     rows = {row["class"]: row for row in record["classes"]}  # type: ignore[attr-defined]
     assert rows["img/*.jpg"]["codec"] == "none"
     assert rows["img/*.jpg"]["decode_s"] == 0
@@ -490,6 +490,43 @@ def test_plan_stores_incompressible_class_raw(tree: Path) -> None:
     assert rows["ann/*.json"]["codec"].endswith("+dict")  # the fake halves dictionary sizes
     assert record["feasible"] and record["exact"]
     assert record["decode_s"] <= record["budget_s"]  # type: ignore[operator]
+
+
+def test_the_default_mode_decodes_no_slower_than_the_default_codec(tree: Path) -> None:
+    # balanced: the budget is zstd:3's decode of every class, as profiled; the plan keeps
+    # within it, is never projected larger than zstd:3 everywhere, and spends what the raw
+    # JPEGs save on denser codecs elsewhere.
+    record: dict[str, Any] = _plan(tree, seed=1)
+    assert record["mode"] == "balanced" and record["feasible"]
+    reference = {
+        row["class"]: next(c for c in row["candidates"] if c["codec"] == "zstd:3")
+        for row in record["classes"]
+    }
+    assert record["budget_s"] == pytest.approx(sum(c["decode_s"] for c in reference.values()))
+    assert record["decode_s"] <= record["budget_s"] + 1e-9
+    assert record["projected_bytes"] < sum(c["projected_bytes"] for c in reference.values())
+    codecs = {row["class"]: row["codec"] for row in record["classes"]}
+    assert codecs["img/*.jpg"] == "none"
+    assert codecs["./*.txt"] not in ("none", "zstd:3")
+
+
+def test_balanced_spends_a_raw_class_savings_on_a_slower_denser_codec() -> None:
+    from fanfs.optimizer.budgets import reference_decode_s
+
+    brotli = parse_candidates("brotli:11")[1]
+    profiles = [
+        # zstd:3 gains nothing on the JPEGs but costs 1 s of decode: raw frees that second
+        _prof("img", 1000, (REFERENCE, 990, 1.0)),
+        # brotli:11 is 2 s slower than zstd:3 here: affordable only with the JPEGs raw
+        _prof("txt", 1000, (REFERENCE, 300, 2.0), (brotli, 200, 3.0)),
+    ]
+    budget = reference_decode_s(profiles, [NONE, REFERENCE, brotli])
+    assert budget == 3.0
+    sel = select(profiles, Objective("balanced", budget))
+    assert [str(e.candidate) for e in sel.choices] == ["none", "brotli:11"]
+    assert sel.stored_bytes == 1200 and sel.decode_s == 3.0
+    # Without the reference among the candidates, the cheapest plain one stands in.
+    assert reference_decode_s(profiles[1:], [NONE, brotli]) == 3.0
 
 
 def test_plan_sample_sizes_are_reported(tree: Path) -> None:
@@ -556,6 +593,14 @@ def test_plan_command_json(tree: Path) -> None:
     ("args", "message"),
     [
         (["--mode", "prefetch"], "--mode prefetch needs --target-rate"),
+        (
+            ["--target-rate", "100", "--max-overhead", "5%"],
+            "--max-overhead applies to --mode sync (not prefetch)",
+        ),
+        (
+            ["--mode", "balanced", "--compute-ms", "3"],
+            "--compute-ms applies to --mode sync (not balanced)",
+        ),
         (["--read-mbps", "100"], "give both --read-mbps and --read-latency-ms, or neither"),
         (["--decode-cores", "0"], "--decode-cores must be a positive number (got '0')"),
         (["--target-rate", "fast"], "invalid rate 'fast' (expected e.g. 2000files/s or 500MB/s)"),
