@@ -68,6 +68,13 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="source reads in flight, for parallel filesystems (default 16)",
     )
+    p.add_argument(
+        "--no-dedup",
+        dest="dedup",
+        action="store_false",
+        help="store every chunk, even one whose bytes an earlier chunk already holds "
+        "(identical files; default: stored once)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     p.add_argument(
@@ -410,6 +417,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         skip_unreadable=args.skip_unreadable,
         read_threads=args.read_threads,
         sample_entries=args.sample_entries,
+        dedup=args.dedup,
     )
     run_pack(opts)
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import hashlib
 import json
 import math
 import os
@@ -101,6 +102,7 @@ class PackOptions:
     auto: PlanSettings | None = None  # --codec auto: plan with these settings; `codec` unused
     read_threads: int = 0  # 0: DEFAULT_READ_THREADS
     sample_entries: int | None = None  # --codec auto: bound of the profiled walk (None: default)
+    dedup: bool = True  # chunks with the same stored bytes are stored once (--no-dedup)
 
 
 class PlanInfeasibleError(UsageError):
@@ -128,9 +130,11 @@ class _Task:
     cls: str  # optimizer class, with --codec auto
 
 
-# A chunk as read and compressed: (codec, stored, crc32), or the error met reading it (raised
-# or skipped by the consumer, in order).
-_Result = tuple[int, bytes, int] | OSError | PackInputError
+# A chunk as read and compressed: (codec, stored, crc32, 64-bit hash of stored), or the error
+# met reading it (raised or skipped by the consumer, in order).
+_Result = tuple[int, bytes, int, int] | OSError | PackInputError
+# Chunks in the shared-chunk table's (`PackWriter`) row for "shared" in codec_stats.
+SHARED_STATS: Final = "(shared)"
 
 
 def read_chunk(path: bytes, rel: bytes, size: int, offset: int, length: int) -> bytes:
@@ -180,7 +184,8 @@ def _compress_batch(
     for task, data in zip(batch, datas, strict=True):
         if isinstance(data, bytes):
             codec, stored = compress_object(data, task.spec, task.dictionary)
-            out.append((codec, stored, zlib.crc32(stored)))
+            digest = hashlib.blake2b(stored, digest_size=8).digest()
+            out.append((codec, stored, zlib.crc32(stored), int.from_bytes(digest, "little")))
         else:
             out.append(data)
     return out
@@ -377,19 +382,24 @@ class Packer:
             tree.skipped += 1
             rows.truncate(state.first_row)  # its chunks so far are not in the index
             return
-        codec, stored, crc = result
-        partition, offset = writer.add_chunk(stored, bool(tree.flags.array[entry] & BROADCAST))
+        codec, stored, crc, digest = result
+        broadcast = bool(tree.flags.array[entry] & BROADCAST)
         # Raw chunks (the incompressible fallback) never refer to the dictionary.
         dict_id = self.dict_ids.get(task.cls, 0) if codec != 0 else 0
+        key = _shared_key(digest, codec, dict_id, broadcast) if self.opts.dedup else None
+        partition, offset, shared = writer.add_chunk(stored, broadcast, key)
         rows.append(partition, offset, len(stored), codec, crc, dict_id)
         tree.count.array[entry] = rows.n - state.first_row
         usize = chunk_length(task.size, task.unit, task.chunk_no)
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
-        for table, key in ((self.codec_stats, name), (self.class_stats, task.cls)):
-            stats = table.setdefault(key, [0, 0, 0])
+        for table, key_ in (
+            (self.codec_stats, SHARED_STATS if shared else name),
+            (self.class_stats, task.cls),
+        ):
+            stats = table.setdefault(key_, [0, 0, 0])
             stats[0] += 1
             stats[1] += usize
-            stats[2] += len(stored)
+            stats[2] += 0 if shared else len(stored)
         progress.advance(usize)
 
     def _manifest_fields(
@@ -413,7 +423,8 @@ class Packer:
                 "dirs": int(np.count_nonzero(kinds == stat.S_IFDIR)),
                 "symlinks": int(np.count_nonzero(kinds == stat.S_IFLNK)),
                 "bytes_in": int(columns["size"][kinds == stat.S_IFREG].sum()),
-                "bytes_out": int(columns["csize"].sum()),
+                # The bytes stored: a shared chunk's are counted once.
+                "bytes_out": sum(st[2] for st in self.codec_stats.values()),
                 "skipped": tree.skipped,
             },
             "codec_stats": {
@@ -436,6 +447,16 @@ class Packer:
                 "bytes_out": b_out + row["dictionary_bytes"],
             }
         return record
+
+
+_MIX: Final = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: spreads the small fields' bits
+
+
+def _shared_key(digest: int, codec: int, dict_id: int, broadcast: bool) -> int:
+    """The shared-chunk table's key: the stored bytes' hash mixed with what else must match
+    for two chunks to be interchangeable (codec byte, dictionary, broadcast set); never 0."""
+    meta = codec | dict_id << 8 | int(broadcast) << 24
+    return ((digest ^ (meta * _MIX)) & 0xFFFF_FFFF_FFFF_FFFF) or 1
 
 
 @dataclass(slots=True)

@@ -9,6 +9,13 @@ share. The writer only writes into a directory it is given; pack.py owns the tem
 Small chunks are gathered per partition and written in pieces of up to `_buffer_limit`
 bytes (64 MiB over all partitions at most): one write per ImageNet-sized file cost the
 packer's consumer thread more than everything else it does.
+
+Shared chunks: a chunk added with a `key` (a 64-bit hash of its stored bytes, codec,
+dictionary and broadcast set, made by the caller) whose stored bytes equal an earlier keyed
+chunk's is not written again: `add_chunk` returns the earlier chunk's place, and the caller's
+index row points there (identical files, or identical blocks of one file, are stored once,
+as mksquashfs does by default). Equality is checked on the bytes, read back, not trusted to
+the hash. The table costs 16 bytes per slot, at most 0.6 full (`_SharedChunks`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import heapq
 import os
 import zlib
+from array import array
 from typing import Any, Final
 
 import numpy as np
@@ -40,7 +48,8 @@ class _Partition:
     __slots__ = ("broadcast", "buffer", "chunks", "crc32", "fd", "size")
 
     def __init__(self, path: str, broadcast: bool) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Read and write: a shared chunk's earlier copy is read back to compare its bytes.
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self.size = 0
         self.crc32 = 0
         self.chunks = 0
@@ -50,6 +59,54 @@ class _Partition:
     def flush(self) -> None:
         _write_all(self.fd, self.buffer)
         self.buffer.clear()
+
+
+class _SharedChunks:
+    """Keyed chunks already written: open addressing with linear probing over two arrays of
+    unsigned 64-bit words, key (0 = empty) and place (partition << 48 | offset). 16 bytes a
+    slot, grown to twice the slots at 0.6 full: 27 bytes per chunk or less."""
+
+    _OFFSET_BITS: Final = 48
+
+    def __init__(self) -> None:
+        self._keys = array("Q", bytes(8 * 4096))
+        self._places = array("Q", bytes(8 * 4096))
+        self._count = 0
+
+    def find(self, key: int) -> tuple[int, int] | None:
+        """(partition, offset) of the chunk added with `key`, if any."""
+        keys, mask = self._keys, len(self._keys) - 1
+        slot = key & mask
+        while keys[slot]:
+            if keys[slot] == key:
+                place = self._places[slot]
+                return place >> self._OFFSET_BITS, place & ((1 << self._OFFSET_BITS) - 1)
+            slot = (slot + 1) & mask
+        return None
+
+    def add(self, key: int, partition: int, offset: int) -> None:
+        if offset >> self._OFFSET_BITS or partition >> (64 - self._OFFSET_BITS):
+            return  # beyond what a place holds (256 TiB partitions): not shared, still right
+        if (self._count + 1) * 5 > len(self._keys) * 3:
+            self._grow()
+        self._put(key, partition << self._OFFSET_BITS | offset)
+        self._count += 1
+
+    def _put(self, key: int, place: int) -> None:
+        keys, mask = self._keys, len(self._keys) - 1
+        slot = key & mask
+        while keys[slot]:
+            slot = (slot + 1) & mask
+        keys[slot] = key
+        self._places[slot] = place
+
+    def _grow(self) -> None:
+        old = zip(self._keys, self._places, strict=True)
+        size = 2 * len(self._keys)
+        self._keys, self._places = array("Q", bytes(8 * size)), array("Q", bytes(8 * size))
+        for key, place in old:
+            if key:
+                self._put(key, place)
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -70,6 +127,7 @@ class PackWriter:
         self._dict_blob = bytearray()
         count = partitions + broadcast_partitions
         self._dirty: set[int] = set()  # partitions with buffered bytes
+        self._shared = _SharedChunks()
         self._buffer_limit = min(_BUFFER_MAX, max(_BUFFER_MIN, _BUFFER_TOTAL // max(count, 1)))
         for number in range(partitions + broadcast_partitions):
             broadcast = number >= partitions
@@ -91,8 +149,31 @@ class PackWriter:
         self._dict_blob += data
         return dict_id
 
-    def add_chunk(self, stored: bytes, broadcast: bool) -> tuple[int, int]:
-        """Append one stored chunk; returns (partition, offset)."""
+    def add_chunk(
+        self, stored: bytes, broadcast: bool, key: int | None = None
+    ) -> tuple[int, int, bool]:
+        """Append one stored chunk; returns (partition, offset, shared). With a nonzero
+        `key` (see the module's docstring), a chunk whose bytes an earlier chunk with that key
+        already holds is not written: its place is returned, and shared is True."""
+        if key:
+            place = self._shared.find(key)
+            if place is not None and self._stored_at(*place, len(stored)) == stored:
+                return place[0], place[1], True
+        number, offset = self._append(stored, broadcast)
+        if key and place is None:
+            self._shared.add(key, number, offset)
+        return number, offset, False
+
+    def _stored_at(self, number: int, offset: int, length: int) -> bytes:
+        part = self._parts[number]
+        on_disk = part.size - len(part.buffer)
+        if offset >= on_disk:
+            return bytes(part.buffer[offset - on_disk : offset - on_disk + length])
+        if offset + length > on_disk:
+            part.flush()
+        return os.pread(part.fd, length, offset)
+
+    def _append(self, stored: bytes, broadcast: bool) -> tuple[int, int]:
         heap = self._heaps[broadcast]
         if not heap:
             raise AssertionError("no %s partitions" % ("broadcast" if broadcast else "regular"))

@@ -149,6 +149,7 @@ def auto_pack(
     for i in range(40):
         (src / "images" / ("%03d.jpg" % i)).write_bytes(rng.randbytes(3000))
     settings = PlanSettings(
+        mode="sync",
         max_overhead=1000.0,
         read_model=ReadModel(1e-3, 1e8, "given"),
         candidates=parse_candidates(f"{request.param} {request.param}+dict"),

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -32,6 +33,7 @@ from fanfs.cli import main as fanfs_main
 from fanfs.compression import CODEC_ZSTD, parse_codec
 from fanfs.errors import UsageError
 from fanfs.format.layout import FORMAT_VERSION
+from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, run_pack
 from fanfs.sample import generate_small
 from fanfs.verify import verify_pack
@@ -80,6 +82,11 @@ def golden_v4_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TRAINED = {"auto.fan", "lz4dict.fan"}
 
 
+# The golden packs were written before shared chunks: `--no-dedup` writes them again byte for
+# byte; the default (chunks with equal bytes stored once) is checked against them below.
+NO_DEDUP = ("--no-dedup",)
+
+
 @pytest.mark.parametrize("name", sorted(set(CODECS_V5) - TRAINED))
 def test_golden_sources_repack_to_the_golden_bytes(
     golden_src: Path, tmp_path: Path, name: str
@@ -92,8 +99,53 @@ def test_golden_sources_repack_to_the_golden_bytes(
         *CODECS_V5[name].split(),
         *PACK_ARGS,
         *EXTRA_ARGS.get(name, []),
+        *NO_DEDUP,
     )
     assert pack_digests(out, with_manifest=True) == pack_digests(GOLDEN / name, with_manifest=True)
+
+
+@pytest.mark.parametrize("tree", ["golden brotli", "reference zstd-4k-bcast"])
+def test_shared_chunks_are_stored_once_and_read_back_the_same(
+    golden_src: Path, reference_src: Path, tmp_path: Path, tree: str
+) -> None:
+    """Both trees hold chunks with equal bytes: packed by default, each is stored once (the
+    same bytes every time), every index row still reads its own file's bytes, and a chunk of
+    a broadcast file is never shared with one of a regular partition."""
+    src, args = (
+        (golden_src, ["--codec", "brotli:5", *PACK_ARGS])
+        if tree.startswith("golden")
+        else (reference_src, SCENARIOS["zstd-4k-bcast"])
+    )
+    packs = {}
+    for name, extra in (("dedup", ()), ("again", ()), ("plain", NO_DEDUP)):
+        packs[name] = tmp_path / name
+        _pack(src, packs[name], "-q", *args, *extra)
+    assert pack_digests(packs["dedup"], with_manifest=True) == pack_digests(
+        packs["again"], with_manifest=True
+    )
+    shared = json.loads((packs["dedup"] / "fanfs.manifest").read_bytes()[20:])
+    plain = json.loads((packs["plain"] / "fanfs.manifest").read_bytes()[20:])
+    rows = shared["codec_stats"].pop(fanfs.pack.SHARED_STATS)
+    assert rows["chunks"] > 0 and rows["bytes_out"] == 0
+    assert fanfs.pack.SHARED_STATS not in plain["codec_stats"]
+    parts = [p for p in packs["dedup"].iterdir() if p.name.startswith("part-")]
+    stored = sum(p.stat().st_size for p in parts)
+    assert shared["totals"]["bytes_out"] == stored < plain["totals"]["bytes_out"]
+    assert verify_pack(str(packs["dedup"]), quiet=True) == 0
+    dedup_reader, plain_reader = _open(packs["dedup"]), _open(packs["plain"])
+    index = plain_reader.index
+    assert dedup_reader.index.chunk_count == index.chunk_count
+    files = [e for e in range(index.entry_count) if stat.S_ISREG(index.mode[e])]
+    for entry in files:  # every chunk's crc32 (bound to its own id) checked as it is read
+        assert read_back(dedup_reader, entry) == read_back(plain_reader, entry)
+
+    # Each chunk stays in its own set of partitions (broadcast or regular).
+    def broadcast_chunks(reader: PackReader) -> list[bool]:
+        sets = [part["broadcast"] for part in reader.partitions]
+        return [sets[p] for p in reader.index.arrays["partition"].tolist()]
+
+    assert broadcast_chunks(dedup_reader) == broadcast_chunks(plain_reader)
+    assert any(broadcast_chunks(plain_reader))
 
 
 @pytest.mark.parametrize("name", sorted(set(CODECS_V3) - TRAINED))
@@ -102,7 +154,7 @@ def test_format_4_data_bytes_are_unchanged(golden_v4_src: Path, tmp_path: Path, 
     4 KiB chunks leave no room for blocks) has format 4's index and partitions, byte for
     byte, and only the manifest differs (version, `block_size`)."""
     out = tmp_path / name
-    _pack(golden_v4_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS)
+    _pack(golden_v4_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS, *NO_DEDUP)
     assert pack_digests(out, with_manifest=False) == pack_digests(
         GOLDEN_V4 / name, with_manifest=False
     )
@@ -136,7 +188,7 @@ def test_reference_tree_packs_to_the_recorded_bytes(
     reference_src: Path, tmp_path: Path, scenario: str
 ) -> None:
     out = tmp_path / scenario
-    _pack(reference_src, out, "-q", *SCENARIOS[scenario])
+    _pack(reference_src, out, "-q", *SCENARIOS[scenario], *NO_DEDUP)
     assert pack_digests(out, with_manifest=not scenario.startswith("auto")) == REFERENCE[scenario]
 
 
@@ -393,3 +445,29 @@ def test_auto_pack_reports_a_special_file_once(tmp_path: Path) -> None:
     result = run_fanfs("pack", src, out, "-q", "--codec", "auto", *_PLAN_ARGS)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("skipping c0/pipe: not a regular file") == 1, result.stderr
+
+
+def test_a_hash_collision_never_shares_a_chunk(tmp_path: Path) -> None:
+    """The shared-chunk table trusts only equal bytes: a key met with other bytes stores them
+    anew (the first chunk keeps the key), and the table finds every key as it grows."""
+    from fanfs.format.writer import PackWriter, _SharedChunks
+
+    writer = PackWriter(str(tmp_path), 1, 0)
+    try:
+        first = writer.add_chunk(b"alpha" * 100, False, key=7)
+        other = writer.add_chunk(b"omega" * 100, False, key=7)
+        again = writer.add_chunk(b"alpha" * 100, False, key=7)
+        assert first == (0, 0, False)
+        assert other == (0, 500, False)
+        assert again == (0, 0, True)
+        writer.flush()  # the earlier copy is read back from the file once written out
+        assert writer.add_chunk(b"omega" * 100, False, key=7) == (0, 1000, False)
+        assert writer.add_chunk(b"alpha" * 100, False, key=None) == (0, 1500, False)
+    finally:
+        writer.abort()
+    table = _SharedChunks()
+    keys = [(k * 0x9E3779B97F4A7C15) & (2**64 - 1) or 1 for k in range(1, 20_000)]
+    for n, key in enumerate(keys):
+        table.add(key, n % 300, n * 1000)
+    assert [table.find(key) for key in keys] == [(n % 300, n * 1000) for n in range(len(keys))]
+    assert table.find(12345) is None
