@@ -169,6 +169,7 @@ def make_plan(
         measure_fn=measure_fn,
         spent_out=cost,
         decode_budget_s=budget,
+        balanced=budget_mode == "balanced",
     )
     if budget_mode == "balanced":
         budget = reference_decode_s(profiles, settings.candidates)
@@ -188,6 +189,7 @@ def make_plan(
                 measure_fn=measure_fn,
                 spent_out=cost,
                 decode_budget_s=budget if budget_mode != "balanced" else None,
+                balanced=budget_mode == "balanced",
             )
             if budget_mode == "balanced":
                 budget = reference_decode_s(profiles, settings.candidates)

@@ -98,8 +98,10 @@ class Measurement:
     Times are single-thread CPU seconds: `decode_s` decodes every unit once, `compress_s`
     compresses every unit once; `overhead_s` is what measuring cost besides (the cold-cache
     decodes), counted against the time budget only. `unit_stored` holds each unit's stored
-    size, in order (empty when a measuring function does not report it): `profile` compares
-    candidates with the reference on exactly the same units.
+    size, in order (empty when a measuring function does not report it), and `unit_decode`
+    each unit's decode seconds with warm caches (empty likewise), which `decode_s` is
+    `cold` times (the cold-cache factor, `cold_factor`): `profile` compares candidates with
+    the reference on exactly the same units.
     """
 
     units: int
@@ -109,9 +111,13 @@ class Measurement:
     compress_s: float
     overhead_s: float = 0.0
     unit_stored: tuple[int, ...] = ()
+    unit_decode: tuple[float, ...] = ()
+    cold: float = 1.0
 
     def __add__(self, other: Measurement) -> Measurement:
         both = bool(self.unit_stored) and bool(other.unit_stored)
+        timed = bool(self.unit_decode) and bool(other.unit_decode)
+        hot = self.decode_s / self.cold + other.decode_s / other.cold
         return Measurement(
             self.units + other.units,
             self.raw_bytes + other.raw_bytes,
@@ -120,6 +126,8 @@ class Measurement:
             self.compress_s + other.compress_s,
             self.overhead_s + other.overhead_s,
             self.unit_stored + other.unit_stored if both else (),
+            self.unit_decode + other.unit_decode if timed else (),
+            (self.decode_s + other.decode_s) / hot if hot > 0 else 1.0,
         )
 
 
@@ -150,14 +158,28 @@ def measure(
         if codec != CODEC_NONE
     ]
     decode_s = overhead_s = 0.0
+    factor = 1.0
+    per_coded: list[float] = []
     if coded:
-        decode_s = _hot_decode_s(coded, dic)
+        decode_s, per_coded = _timed_decode(coded, dic)
         start = time.thread_time()
-        decode_s *= cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
+        factor = cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
         overhead_s = time.thread_time() - start
+        decode_s *= factor
     sizes = tuple(len(s) for _, s in stored)
+    # Raw units decode in no time; the coded ones in the order they were coded.
+    times = iter(per_coded)
+    per_unit = tuple(next(times) if codec != CODEC_NONE else 0.0 for codec, _ in stored)
     return Measurement(
-        len(units), sum(len(u) for u in units), sum(sizes), decode_s, compress_s, overhead_s, sizes
+        len(units),
+        sum(len(u) for u in units),
+        sum(sizes),
+        decode_s,
+        compress_s,
+        overhead_s,
+        sizes,
+        per_unit,
+        factor,
     )
 
 
@@ -173,6 +195,33 @@ def _hot_decode_s(coded: Coded, dic: bytes | None) -> float:
             decompress(codec, s, size, dic)
         passes.append(time.thread_time() - start)
     return min(passes)
+
+
+def _timed_decode(coded: Coded, dic: bytes | None) -> tuple[float, list[float]]:
+    """`_hot_decode_s`, and each object's own CPU seconds: the fastest of its DECODE_PASSES
+    decodes, each timed alone (the clock's own cost taken off), so that a candidate's decode
+    can be compared with the reference's on the same units."""
+    clock = time.thread_time
+    overhead = _clock_overhead()
+    passes = []
+    best = [math.inf] * len(coded)
+    for _ in range(DECODE_PASSES):
+        total = 0.0
+        for i, (codec, s, size) in enumerate(coded):
+            start = clock()
+            decompress(codec, s, size, dic)
+            took = max(clock() - start - overhead, 0.0)
+            total += took
+            if took < best[i]:
+                best[i] = took
+        passes.append(total)
+    return min(passes), best
+
+
+@functools.cache
+def _clock_overhead() -> float:
+    """The thread CPU clock's own cost per call, measured once per process."""
+    return min(_clock_cost(time.thread_time) for _ in range(3))
 
 
 @functools.cache
@@ -290,6 +339,7 @@ def profile(
     measure_fn: MeasureFn = measure,
     spent_out: PlanCost | None = None,
     decode_budget_s: float | None = None,
+    balanced: bool = False,
 ) -> list[ClassProfile]:
     """Measure every candidate on every class's sample and project it to the whole class.
 
@@ -299,7 +349,10 @@ def profile(
        the bytes the reference saves on each). In each class, a pilot of PILOT_BYTES per
        candidate, cheapest first; a candidate whose pilot would overrun the class's share
        (judged by its cost per byte on earlier classes) is not measured. With a loose
-       `decode_budget_s` (or none) the densest candidates go first, else the cheapest.
+       `decode_budget_s` (or none) the densest candidates go first, else the cheapest;
+       `balanced` (a budget of the reference's own decode, known only after profiling):
+       the densest of the codecs that decode about as fast as the reference first (zstd's
+       levels, with a dictionary first), then lz4's, brotli's and lzma's.
        The rest of the share then extends the pairs in rounds (`_extend`).
     3. Each estimate is the reference's projection times the candidate's size over the
        reference's on the same units (`_project`), so a slow candidate's small prefix is
@@ -328,6 +381,15 @@ def profile(
                 totals[(cls.name, ref)] = m
                 ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
                 ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
+    # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
+    # ratio decides: the densest candidates a class can afford are measured first (with a
+    # dictionary first for classes that have one). Under a tight budget, the fastest.
+    dense = decode_budget_s is None or decode_budget_s >= 2 * ref_decode_s
+    if balanced or dense:
+        # Such a plan stores a class that compresses with a dense codec (the balanced one
+        # with the densest zstd level: zstd decodes alike at every level): its pack, and so
+        # the share for measuring, is predicted with that level's nominal cost there.
+        ref_compress_s = _dense_compress_s(classes, candidates, ref, totals, ref_compress_s)
     budget = time_budget_s(ref_compress_s) if callable(time_budget_s) else time_budget_s
     before = spent_out.measure_s if spent_out is not None else 0.0
     spent = 0.0
@@ -340,14 +402,18 @@ def profile(
         weights.append(int(cls.total_bytes * saved))
     shares = class_shares(weights, max(budget - before, 0.0))
     seen: dict[Candidate, list[float]] = {}  # cost per raw byte of earlier pilots
-    # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
-    # ratio decides: the densest candidates a class can afford are measured first (with a
-    # dictionary first for classes that have one). Under a tight budget, the fastest.
-    dense = decode_budget_s is None or decode_budget_s >= 2 * ref_decode_s
-    order = sorted(
-        candidates,
-        key=lambda c: (not c.use_dict, -cost_rank(c), str(c)) if dense else (cost_rank(c), str(c)),
-    )
+    if balanced:
+        order = sorted(
+            candidates,
+            key=lambda c: (_DECODE_FAMILY.get(c.spec.codec_id, 9), not c.use_dict, -cost_rank(c)),
+        )
+    else:
+        order = sorted(
+            candidates,
+            key=lambda c: (
+                (not c.use_dict, -cost_rank(c), str(c)) if dense else (cost_rank(c), str(c))
+            ),
+        )
     for cls, share in zip(classes, shares, strict=True):
         class_spent = _train_dictionary(cls, candidates, measure_fn, share) if share > 0 else 0.0
         pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
@@ -390,6 +456,40 @@ def profile(
         spent_out.reference_s += ref_spent
         spent_out.totals = totals
     return [_project(cls, candidates, totals, ref) for cls in classes]
+
+
+# A class the reference shrinks by at least this share is predicted, in the balanced mode, to
+# be stored with the densest zstd level.
+DENSE_SAVING: Final = 0.1
+
+
+def _dense_compress_s(
+    classes: list[ClassSample],
+    candidates: Sequence[Candidate],
+    ref: Candidate | None,
+    totals: dict[tuple[str, Candidate], Measurement],
+    ref_compress_s: float,
+) -> float:
+    """The compress seconds of a pack with the densest plain zstd candidate on every class
+    the reference shrinks by DENSE_SAVING or more (nominal cost, at least the reference's
+    measured one), and the reference elsewhere."""
+    levels = [
+        c
+        for c in candidates
+        if c.spec.codec_id == CODEC_ZSTD and not c.use_dict and not c.spec.shuffle
+    ]
+    if ref is None or not levels:
+        return ref_compress_s
+    rate = cost_rank(max(levels, key=cost_rank)) * NOMINAL_S_PER_BYTE
+    total = 0.0
+    for cls in classes:
+        m = totals.get((cls.name, ref))
+        if m is None or not m.raw_bytes:
+            continue
+        own = m.compress_s * cls.total_bytes / m.raw_bytes
+        saved = 1.0 - m.stored_bytes / m.raw_bytes
+        total += max(own, rate * cls.total_bytes) if saved >= DENSE_SAVING else own
+    return total
 
 
 def _extend(
@@ -478,6 +578,12 @@ def _train_dictionary(
     return spent
 
 
+# The balanced mode's profiling order by codec: those that decode about as fast as zstd:3
+# (zstd at every level) before the faster ones that only free decode time (lz4) and the
+# slower ones that need it (brotli, then lzma).
+_DECODE_FAMILY: Final = {CODEC_NONE: 0, CODEC_ZSTD: 0, CODEC_LZ4: 1, CODEC_BROTLI: 2, CODEC_LZMA: 3}
+
+
 def cost_rank(cand: Candidate) -> float:
     """Nominal compress cost (a static order, so the pilot is deterministic): cheap first."""
     spec = cand.spec
@@ -515,6 +621,47 @@ def _paired(cand: Candidate, m: Measurement, ref_m: Measurement | None) -> tuple
     return sum(m.unit_stored) / ref_sum, wins
 
 
+def _paired_decode(
+    cand: Candidate, m: Measurement, ref: Candidate | None, ref_m: Measurement
+) -> float:
+    """The candidate's decode seconds over the reference's, or nan when either has no
+    per-unit times or the reference decoded nothing on the candidate's units.
+
+    Warm-cache times are compared on the same units (the odd ones for a dictionary
+    candidate): a pilot's few units may decode faster or slower than the class, and the
+    ratio carries over to the class where the pilot's own rate does not. The cold-cache
+    factor, measured on a few objects, varies by 1.3-1.9x between runs on the same units:
+    a candidate of the reference's codec without a dictionary (another zstd level, a
+    shuffle) shares the reference's, measured over the whole sample; a dictionary changes
+    what a cold decode touches, so its candidates keep their own. Such a candidate (zstd
+    decodes about as fast at every level) is taken to decode exactly as fast as the
+    reference unless the per-unit differences show otherwise by WIN_SIGMAS standard errors:
+    the balanced mode's budget is the reference's own decode, and a level that differs by
+    noise alone would otherwise be kept out of it, or let in, by chance."""
+    if not m.unit_decode or not ref_m.unit_decode:
+        return math.nan
+    ref_units = ref_m.unit_decode[1::2] if cand.use_dict else ref_m.unit_decode
+    n = len(m.unit_decode)
+    if len(ref_units) < n:
+        return math.nan
+    ref_sum = sum(ref_units[:n])
+    if ref_sum <= 0:
+        return math.nan
+    same_decoder = (
+        ref is not None
+        and cand.spec.codec_id == ref.spec.codec_id
+        and cand.use_dict == ref.use_dict
+    )
+    if not same_decoder:
+        return sum(m.unit_decode) / ref_sum * m.cold / ref_m.cold
+    diffs = [c - r for c, r in zip(m.unit_decode, ref_units[:n], strict=True)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.inf
+    if abs(mean) <= WIN_SIGMAS * math.sqrt(var / n):
+        return 1.0
+    return sum(m.unit_decode) / ref_sum
+
+
 def _project(
     cls: ClassSample,
     candidates: Sequence[Candidate],
@@ -531,18 +678,22 @@ def _project(
             continue
         scale = cls.total_bytes / m.raw_bytes
         stored = m.stored_bytes * scale
+        decode_s = m.decode_s * scale
         loses = False
         if ref_m is not None and cand != ref:
             rel, wins = _paired(cand, m, ref_m)
             if not math.isnan(rel):
                 stored = ref_m.stored_bytes * cls.total_bytes / ref_m.raw_bytes * rel
-            loses = not wins and m.decode_s / m.raw_bytes >= ref_rate
+            rel_decode = _paired_decode(cand, m, ref, ref_m)
+            if not math.isnan(rel_decode):
+                decode_s = ref_m.decode_s * cls.total_bytes / ref_m.raw_bytes * rel_decode
+            loses = not wins and decode_s >= ref_rate * cls.total_bytes
         extra = len(cls.dictionary) if cand.use_dict and cls.dictionary else 0
         estimates.append(
             Estimate(
                 cand,
                 min(int(round(stored)), cls.total_bytes) + extra,
-                m.decode_s * scale,
+                decode_s,
                 m.compress_s * scale,
                 m.units,
                 m.raw_bytes,
