@@ -218,11 +218,13 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
     # compression 0 -> 0.5; three decode passes, each unit timed alone: 2 + 3 s, 1 + 1 s,
     # 1.5 + 1.5 s; then the cold-factor timing
     cpu = iter(
-        [0.0, 0.5]
-        + [0.0, 2.0, 10.0, 13.0]
-        + [20.0, 21.0, 30.0, 31.0]
-        + [40.0, 41.5, 50.0, 51.5]
-        + [60.0, 60.0]
+        [
+            *(0.0, 0.5),
+            *(0.0, 2.0, 10.0, 13.0),
+            *(20.0, 21.0, 30.0, 31.0),
+            *(40.0, 41.5, 50.0, 51.5),
+            *(60.0, 60.0),
+        ]
     )
 
     class Clock:
