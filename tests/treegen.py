@@ -49,6 +49,15 @@ def make_edge_tree(root: Path, *, chunk_size: int) -> None:
         _write(sizes / ("rand_%d" % n), _random(n, n))
     _write(root / "empty", b"")
     _write(root / ".hidden", b"hidden\n")
+    # equal chunks, stored once by default (format.md section 5.1): a copy of a file, a file
+    # sharing its first two chunks with it, and zeros repeating one chunk
+    dups = root / "dups"
+    dups.mkdir()
+    original = _random(3 * chunk_size + 100, 7)
+    _write(dups / "original", original)
+    _write(dups / "copy", original)
+    _write(dups / "same_start", original[: 2 * chunk_size] + b"another tail")
+    _write(dups / "zeros", bytes(6 * chunk_size + 5))
     # names: non-UTF-8, 255 bytes, unicode, spaces, newline, sort-order traps
     names = root / "names"
     names.mkdir()

@@ -134,6 +134,29 @@ def test_corrupt_chunk_fails_one_file(
     assert "Traceback" not in mount.log_text()
 
 
+def test_a_corrupt_shared_chunk_fails_every_file_that_holds_it(
+    edge_pack: Path, edge_tree: Path, tmp_path: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """dups/original's second chunk is stored once for it, its copy and same_start (format.md
+    section 5.1): damaged, all three give EIO there, each row failing its own crc32, and
+    their other chunks and the rest of dups/ still read."""
+    pack = tmp_path / "damaged.fan"
+    shutil.copytree(edge_pack, pack)
+    damage_chunk(pack, "dups/original", 1, CODEC_NONE)
+    mnt = mount_factory(pack).mnt
+    for rel in ("dups/original", "dups/copy", "dups/same_start"):
+        assert read_errno(mnt / rel) == errno.EIO, rel
+        with open(mnt / rel, "rb", buffering=0) as f:
+            assert os.pread(f.fileno(), 1000, 0) == (edge_tree / rel).read_bytes()[:1000]
+    tail = 2 * TEST_CHUNK_SIZE
+    with open(mnt / "dups" / "same_start", "rb", buffering=0) as f:
+        assert (
+            os.pread(f.fileno(), 100, tail)
+            == (edge_tree / "dups" / "same_start").read_bytes()[tail:]
+        )
+    assert (mnt / "dups" / "zeros").read_bytes() == (edge_tree / "dups" / "zeros").read_bytes()
+
+
 # Mount refusals: `fanfs mount` (background, as users run it) must exit with the code of
 # docs/errors.md and one line on stderr, leaving nothing mounted and no daemon behind.
 

@@ -340,6 +340,32 @@ def test_chunk_table_of_edge_sizes(
     assert edge_reader.chunk_usize(entry, chunks - 1) == last
 
 
+def test_equal_chunks_of_the_edge_tree_are_stored_once(edge_reader: PackReader) -> None:
+    """dups/: a copy reads the original's bytes, a file sharing two chunks shares those two,
+    and a file of zeros stores one chunk of them (`_read` checks every row's own crc32)."""
+    index = edge_reader.index
+
+    def places(rel: bytes) -> list[tuple[int, int]]:
+        entry = lookup_path(index, b"dups/" + rel)
+        assert entry is not None
+        first, count = index.first[entry], index.count[entry]
+        return [
+            (index.chunk_partition[c], index.chunk_offset[c]) for c in range(first, first + count)
+        ]
+
+    original = places(b"original")
+    assert len(set(original)) == 4
+    assert places(b"copy") == original
+    same_start = places(b"same_start")
+    assert same_start[:2] == original[:2] and same_start[2] not in original
+    zeros = places(b"zeros")
+    assert len(zeros) == 7 and len(set(zeros[:6])) == 1 and zeros[6] != zeros[0]
+    for rel in (b"original", b"copy", b"same_start", b"zeros"):
+        entry = lookup_path(index, b"dups/" + rel)
+        assert entry is not None
+        assert len(_read(edge_reader, entry)) == index.size[entry]
+
+
 # --- partitions -------------------------------------------------------------------------------
 
 
