@@ -75,6 +75,13 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="store every chunk, even one whose bytes an earlier chunk already holds "
         "(identical files; default: stored once)",
     )
+    p.add_argument(
+        "--index-codec",
+        choices=("auto", "zstd", "none"),
+        default="auto",
+        help="store the index compressed (zstd) or as it is read (none); auto (default): "
+        "compressed when that saves at least 0.5%% of the pack (many small files)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     p.add_argument(
@@ -418,6 +425,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         read_threads=args.read_threads,
         sample_entries=args.sample_entries,
         dedup=args.dedup,
+        index_codec=args.index_codec,
     )
     run_pack(opts)
     return 0

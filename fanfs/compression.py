@@ -17,7 +17,7 @@ from __future__ import annotations
 import lzma
 import threading
 from dataclasses import dataclass
-from typing import Final
+from typing import BinaryIO, Final
 
 import brotli
 import lz4.block
@@ -432,3 +432,34 @@ def train_dictionary(samples: list[bytes], size: int | None = None) -> bytes | N
     except zstandard.ZstdError:
         return None
     return trained.as_bytes()
+
+
+# --- the index file (format version 6) ----------------------------------------------------------
+
+
+def zstd_compress_file(src: BinaryIO, dst: BinaryIO, size: int, level: int, piece: int) -> None:
+    """Compress `size` bytes of `src` into one zstd frame on `dst` (the size in its header),
+    `piece` bytes at a time."""
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    cctx.copy_stream(src, dst, size=size, read_size=piece, write_size=piece)
+
+
+def zstd_decode_exact(stored: memoryview, out: memoryview, piece: int) -> int:
+    """Decode the zstd frame `stored` into `out`, `piece` bytes at a time, never writing past
+    it; returns how many bytes the frame gave, or len(out) + 1 if it has more than `out`
+    holds (the rest is never decoded).
+
+    Raises:
+        DecompressionError: `stored` is not a zstd frame, or a damaged one.
+    """
+    done = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(stored, read_across_frames=False) as src:
+            while done < len(out):
+                got = src.readinto(out[done : done + piece])
+                if not got:
+                    return done
+                done += got
+            return done + 1 if src.read(1) else done
+    except zstandard.ZstdError as exc:
+        raise DecompressionError("zstd: %s" % exc) from exc

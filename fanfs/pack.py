@@ -103,6 +103,7 @@ class PackOptions:
     read_threads: int = 0  # 0: DEFAULT_READ_THREADS
     sample_entries: int | None = None  # --codec auto: bound of the profiled walk (None: default)
     dedup: bool = True  # chunks with the same stored bytes are stored once (--no-dedup)
+    index_codec: str = "auto"  # the index file: "auto" (zstd when it saves 0.5%), "zstd", "none"
 
 
 class PlanInfeasibleError(UsageError):
@@ -252,7 +253,7 @@ class Packer:
         del files, sizes, bcast, counts, units
         partitions = self.opts.partitions or default_partitions(bytes_total - bcast_bytes, regular)
         bcast_parts = default_partitions(bcast_bytes, tasks_total - regular) if bcast_bytes else 0
-        writer = PackWriter(tmp, partitions, bcast_parts)
+        writer = PackWriter(tmp, partitions, bcast_parts, self.opts.index_codec)
         try:
             self._add_dictionaries(writer)
             self._compress_all(writer, tree, tasks_total, bytes_total)

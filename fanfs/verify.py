@@ -27,6 +27,15 @@ from fanfs.format.reader import SCAN_BYTES, PackReader
 from fanfs.pack import display, summary_table
 
 
+def _index_line(meta: dict[str, Any]) -> str:
+    if meta.get("codec", "none") == "zstd":
+        return "index       %s, stored zstd in %s" % (
+            format_size(meta["usize"]),
+            format_size(meta["size"]),
+        )
+    return "index       %s" % format_size(meta["size"])
+
+
 def inspect_pack(path: str, *, as_json: bool = False) -> str:
     reader = PackReader(path)
     manifest = reader.manifest
@@ -66,6 +75,7 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
             format_size(sum(p["size"] for p in bcast)),
         ),
         "broadcast   %s" % (", ".join(opts["broadcast"]) or "(none)"),
+        _index_line(manifest["index"]),
     ]
     dicts = manifest.get("dictionaries") or []
     if dicts:

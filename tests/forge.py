@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from fanfs.compression import decompress
 from fanfs.errors import CorruptDataError
@@ -50,6 +51,9 @@ class PackImage:
         _, self.version, length, _ = HEADER.unpack_from(raw)
         self.manifest: dict[str, Any] = json.loads(raw[HEADER.size : HEADER.size + length])
         blob = (pack / "index").read_bytes()
+        meta = self.manifest["index"]
+        if meta.get("codec") == "zstd":  # version 6: saved uncompressed (`save`)
+            blob = zstandard.ZstdDecompressor().decompress(blob, max_output_size=meta["usize"])
         self.columns: dict[str, np.ndarray] = {}
         for col in self.manifest["index"]["columns"]:
             data = blob[col["offset"] : col["offset"] + col["length"]]
@@ -112,6 +116,8 @@ class PackImage:
             blob += data + b"\0" * (-len(data) % 8)
         manifest["index"]["size"] = len(blob)
         manifest["index"]["crc32"] = zlib.crc32(blob)
+        if "codec" in manifest["index"]:
+            manifest["index"]["codec"], manifest["index"]["usize"] = "none", len(blob)
         if dict_crcs:
             dicts = self.columns.get("dicts", np.zeros(0, np.uint8)).tobytes()
             for meta in manifest.get("dictionaries", []):

@@ -40,7 +40,9 @@ from fanfs.format.writer import PackWriter
 MTIME_NS = 1_700_000_000 * 10**9
 
 
-def write_pack(out: Path, files: int, dirs: int, file_size: int) -> dict[str, int]:
+def write_pack(
+    out: Path, files: int, dirs: int, file_size: int, index_codec: str = "auto"
+) -> dict[str, int]:
     """A pack of `files` files of `file_size` bytes (the same raw bytes each) spread over
     `dirs` directories under the root, in the index's breadth-first order."""
     per_dir = np.full(dirs, files // dirs, dtype=np.int64)
@@ -78,13 +80,13 @@ def write_pack(out: Path, files: int, dirs: int, file_size: int) -> dict[str, in
     first[1 + dirs :] = np.arange(files, dtype=np.uint64)  # file i has chunk i
     data = bytes(range(256)) * (file_size // 256 + 1)
     stored = data[:file_size]
-    writer = PackWriter(str(out), 1, 0)
+    writer = PackWriter(str(out), 1, 0, index_codec)
     offset = np.empty(files, dtype=np.uint64)
     crc = np.empty(files, dtype=np.uint32)
     base_crc = zlib.crc32(stored)
     t0 = time.monotonic()
     for chunk in range(files):
-        _, offset[chunk] = writer.add_chunk(stored, False)
+        _, offset[chunk], _ = writer.add_chunk(stored, False)
         crc[chunk] = bind_chunk_crc(base_crc, chunk)
         if chunk % 1_000_000 == 999_999:
             bl.log("wrote %d of %d chunks (%.0f s)", chunk + 1, files, time.monotonic() - t0)
@@ -130,7 +132,12 @@ def write_pack(out: Path, files: int, dirs: int, file_size: int) -> dict[str, in
         "plan": None,
     }
     done = writer.finish(columns, manifest)
-    return {"index_bytes": int(done["index"]["size"]), "entries": entries}
+    index = done["index"]
+    return {
+        "index_bytes": int(index["usize"]),
+        "index_stored": int(index["size"]),
+        "entries": entries,
+    }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -143,6 +150,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--sample", type=int, default=10_000, help="files read back and checked")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     p.add_argument("--mount-args", default="", help="extra `fanfs mount` arguments")
+    p.add_argument(
+        "--index-codec",
+        choices=("auto", "zstd", "none"),
+        default="auto",
+        help="as for fanfs pack (default auto: these tiny files make the index most of the pack)",
+    )
     p.add_argument(
         "--pack",
         type=Path,
@@ -166,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             pack.mkdir()
             t0 = time.monotonic()
-            made = write_pack(pack, args.files, args.dirs, args.file_size)
+            made = write_pack(pack, args.files, args.dirs, args.file_size, args.index_codec)
             bl.log(
                 "pack written in %.0f s: index %.0f MB",
                 time.monotonic() - t0,

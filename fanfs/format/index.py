@@ -8,7 +8,8 @@ memoryviews for the hot path, where indexing returns a Python int in tens of nan
 no per-file Python object is ever built at load time.
 
 Entry order: breadth-first, children of a directory contiguous and sorted by name bytes, so
-a lookup is a binary search over the parent's child range. Never does decompression.
+a lookup is a binary search over the parent's child range. Decompresses only the index
+itself (version 6: one zstd frame, bounded by the manifest's `usize`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import numpy as np
 
 from fanfs._memory import available_memory
 from fanfs._sizes import format_size
-from fanfs.errors import PackFormatError
+from fanfs.compression import zstd_decode_exact
+from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.layout import (
     CHUNK_COLUMNS,
     COLUMN_ALIGN,
@@ -50,12 +52,13 @@ READ_PIECE: Final = 8 << 20
 
 
 def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | bytes, int]:
-    """The index file's bytes in anonymous memory of this process, and their crc32.
+    """The index's columns in anonymous memory of this process, and the crc32 of the file.
 
     Never a mapping of the file: whoever can write the pack could change or truncate it
     after it was validated (a cycle, or SIGBUS on the next access). Serving processes forked
     later share these pages. An index larger than half the available memory is refused
-    rather than risking the node (the OOM killer)."""
+    rather than risking the node (the OOM killer). A compressed index (version 6) is read
+    whole, its crc32 checked, then decompressed into exactly `usize` bytes (`_decompress`)."""
     fd = open_pack_file(pack_dir, INDEX_NAME)
     try:
         size = os.fstat(fd).st_size
@@ -64,11 +67,13 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | byte
                 "%s: index is %d bytes, manifest says %d (truncated pack?)"
                 % (pack_dir, size, meta["size"])
             )
+        compressed = meta.get("codec", "none") == "zstd"
+        usize = meta["usize"] if compressed else size
         available = available_memory()
-        if available and size > available // 2:
+        if available and usize + (size if compressed else 0) > available // 2:
             raise PackFormatError(
                 "%s: index of %s does not fit in this node's memory (%s available)"
-                % (pack_dir, format_size(size), format_size(available))
+                % (pack_dir, format_size(usize), format_size(available))
             )
         if not size:
             return b"", 0
@@ -88,11 +93,46 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | byte
         finally:
             checksum = crc.finish()
             view.release()
-        return buf, checksum
+        if not compressed:
+            return buf, checksum
+        if checksum != meta["crc32"]:
+            raise PackFormatError("%s: index checksum mismatch (corrupt pack)" % pack_dir)
+        try:
+            return _decompress(pack_dir, buf, usize), checksum
+        finally:
+            buf.close()
     except OSError as exc:
         raise PackFormatError("%s: cannot read index: %s" % (pack_dir, exc.strerror)) from exc
     finally:
         os.close(fd)
+
+
+def _decompress(pack_dir: str, stored: mmap.mmap, usize: int) -> mmap.mmap | bytes:
+    """The zstd frame `stored` decoded into anonymous memory of exactly `usize` bytes: never
+    more is written (a frame that would give more, or less, is a corrupt index)."""
+    out = mmap.mmap(-1, usize) if usize else b""
+    view = memoryview(out) if usize else memoryview(bytearray())
+    source = memoryview(stored)
+    try:
+        got = zstd_decode_exact(source, view, READ_PIECE)
+    except DecompressionError as exc:
+        raise PackFormatError(
+            "%s: index does not decompress: %s (corrupt pack)" % (pack_dir, exc)
+        ) from exc
+    finally:
+        view.release()
+        source.release()
+    if got > usize:
+        raise PackFormatError(
+            "%s: index decompresses to more than the %d bytes the manifest says (corrupt pack)"
+            % (pack_dir, usize)
+        )
+    if got < usize:
+        raise PackFormatError(
+            "%s: index decompresses to %d bytes, manifest says %d (corrupt pack)"
+            % (pack_dir, got, usize)
+        )
+    return out
 
 
 class _Crc32Behind:

@@ -32,11 +32,17 @@ MAGIC: Final = b"FANFSPK\n"
 # Version 5 adds the manifest's `block_size`: a file larger than `chunk_size` is stored in
 # blocks of that size, so that a small read inside it decodes one small block (its chunk
 # count tells which: `file_chunk_size`).
-FORMAT_VERSION: Final = 5
+# Version 6 lets the index file be one zstd frame (the manifest's `index.codec`, and
+# `index.usize`, the size the columns' offsets refer to): a pack of small files spends a few
+# percent of its bytes on the index.
+FORMAT_VERSION: Final = 6
 # Versions read. A version-1 pack reads as a version-2 pack without dictionaries; version 2
 # reads as version 3; version 3 as version 4 with plain chunk crc32s; version 4 as version 5
-# with `block_size` 0 (every file in chunks of `chunk_size`).
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5)
+# with `block_size` 0 (every file in chunks of `chunk_size`); version 5 as version 6 with an
+# uncompressed index.
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6)
+# The index file's codecs (version 6): stored as the columns are, or as one zstd frame.
+INDEX_CODECS: Final = ("none", "zstd")
 MANIFEST_NAME: Final = "fanfs.manifest"
 INDEX_NAME: Final = "index"
 MANIFEST_HEADER: Final = struct.Struct(

@@ -42,6 +42,7 @@ import numpy as np
 from fanfs.errors import PackFormatError, PackVersionError
 from fanfs.format.layout import (
     FORMAT_VERSION,
+    INDEX_CODECS,
     INDEX_NAME,
     MAGIC,
     MANIFEST_HEADER,
@@ -191,8 +192,25 @@ def check_manifest(pack: str, manifest: dict[str, Any], version: int) -> None:
             "manifest field index.file is %s, expected %r"
             % (_short(index.obj["file"]), INDEX_NAME),
         )
-    index.integer("size")
+    size = index.integer("size")
     index.integer("crc32", 0, _U32)
+    if version >= 6:
+        # The index file may be one zstd frame; `usize` is what it decompresses to, the
+        # space the columns' offsets refer to (bounded by memory at open, `Index`).
+        codec = index.text("codec")
+        if codec not in INDEX_CODECS:
+            raise _fail(
+                pack,
+                "manifest field index.codec is %s, expected one of %s"
+                % (_short(codec), ", ".join(INDEX_CODECS)),
+            )
+        usize = index.integer("usize")
+        if codec == "none" and usize != size:
+            raise _fail(
+                pack,
+                "manifest field index.usize is %d, expected the index size %d (codec none)"
+                % (usize, size),
+            )
     index.integer("entries", 1, _U32)
     index.integer("chunks", 0, _MAX_BYTES)
     expected = index_columns(version)

@@ -7,7 +7,8 @@ codec (`zstd.fan`, `lz4.fan`, `brotli.fan`; from version 2 also `lzma.fan`, and 
 whose plan stores small JSON files with a zstd dictionary; from version 3 also `lz4dict.fan`,
 whose plan stores them with lz4 and a dictionary, and `shuffle.fan`, zstd after a 4-byte
 shuffle; version 4 has the same packs, with chunk checksums bound to their chunk ids; version
-5 adds `blocks.fan`, a file larger than a chunk in blocks) packed from it. Commit them and never regenerate
+5 adds `blocks.fan`, a file larger than a chunk in blocks; version 6 stores these small packs'
+indexes compressed, and adds `plainindex.fan`, whose index is not) packed from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
@@ -42,8 +43,13 @@ CODECS_V3 = {
 }
 # Version 5: a file larger than a chunk stored in blocks (data/text.txt, 9000 bytes: three
 # blocks of 4 KiB; data/exact.txt, 8192 bytes, stays one chunk). Given after PACK_ARGS.
-EXTRA_ARGS = {"blocks.fan": ["--chunk-size", "8KiB", "--block-size", "4KiB"]}
+EXTRA_ARGS = {
+    "blocks.fan": ["--chunk-size", "8KiB", "--block-size", "4KiB"],
+    # Version 6: the index stored as its columns (the other packs, this small, compress it).
+    "plainindex.fan": ["--index-codec", "none"],
+}
 CODECS_V5 = {**CODECS_V3, "blocks.fan": "zstd:3"}
+CODECS_V6 = {**CODECS_V5, "plainindex.fan": "zstd:3"}
 PACK_ARGS = [
     "--chunk-size",
     "4KiB",
@@ -159,7 +165,9 @@ def main() -> None:
         build_tree(src, FORMAT_VERSION)
         write_tar(src, out / "src.tar.gz")
         codecs = (
-            CODECS_V5
+            CODECS_V6
+            if FORMAT_VERSION >= 6
+            else CODECS_V5
             if FORMAT_VERSION >= 5
             else CODECS_V3
             if FORMAT_VERSION >= 3

@@ -174,7 +174,7 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
     reader = PackReader(str(out))
     try:
         manifest = reader.manifest
-        assert manifest["format_version"] == FORMAT_VERSION == 5
+        assert manifest["format_version"] == FORMAT_VERSION == 6
         assert manifest["options"]["codec"] == "auto"
         assert [d["class"] for d in manifest["dictionaries"]] == ["ann/*.json"]
         assert reader.dictionary_count == 1

@@ -692,6 +692,7 @@ GOLDEN_CODECS = {
     "lz4dict.fan": 1,
     "shuffle.fan": 0x22,
     "blocks.fan": 2,
+    "plainindex.fan": 2,
 }
 # Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
 # dictionary 1: version 3's lz4 chunks with a dictionary.

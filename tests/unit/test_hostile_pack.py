@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import zstandard
 
-from fanfs.format.layout import partition_name
+from fanfs._sizes import format_size
+from fanfs.format.layout import FORMAT_VERSION, partition_name
 from tests.conftest import FANFS, run_fanfs
 from tests.forge import PackImage, copy_pack, make_fifo, raw_manifest
 from tests.treegen import label_text, write_tree
@@ -41,7 +42,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = write_tree(root / "src", FILES)
     os.symlink("a/text.txt", src / "link")
     pack = root / "base.fan"
-    result = run_fanfs("pack", src, pack, "-q", "--chunk-size", str(CHUNK), "--partitions", "3")
+    # The index as its columns, which the forge edits (compressed indexes: section 9 below).
+    result = run_fanfs(
+        *("pack", src, pack, "-q", "--chunk-size", str(CHUNK), "--partitions", "3"),
+        *("--index-codec", "none"),
+    )
     assert result.returncode == 0, result.stderr
     return pack
 
@@ -456,7 +461,9 @@ def test_an_unknown_codec_is_refused(image: PackImage, forged: Path, mountpoint:
     image.columns["codec"][0] = 9
     image.save(forged)
     assert_refused(
-        forged, mountpoint, "index: codec[0] = 9 is not a codec byte of format version 5"
+        forged,
+        mountpoint,
+        "index: codec[0] = 9 is not a codec byte of format version %d" % FORMAT_VERSION,
     )
 
 
@@ -553,6 +560,125 @@ def test_verify_finds_a_bomb_whose_checksums_all_match(image: PackImage, forged:
             "fanfs verify: %s: 1 damaged object(s)" % forged,
         ],
     )
+
+
+# 9. A compressed index (version 6): one zstd frame, decoded into exactly `usize` bytes -------
+
+
+def _compressed_index(image: PackImage, forged: Path, stored: bytes, usize: int) -> None:
+    """Save `image` with `stored` as its index file, declared zstd of `usize` bytes."""
+
+    def compress(manifest: dict[str, Any]) -> None:
+        manifest["index"].update(
+            codec="zstd", usize=usize, size=len(stored), crc32=zlib.crc32(stored)
+        )
+
+    image.save(forged, after=compress)
+    (forged / "index").write_bytes(stored)
+
+
+def _columns(forged: Path) -> bytes:
+    return (forged / "index").read_bytes()
+
+
+def test_a_compressed_index_reads_as_its_columns(
+    image: PackImage, forged: Path, base: Path
+) -> None:
+    image.save(forged)
+    columns = _columns(forged)
+    frame = zstandard.ZstdCompressor().compress(columns)
+    _compressed_index(image, forged, frame, len(columns))
+    assert _verify(forged).returncode == 0
+    shown = run_fanfs("inspect", forged).stdout.splitlines()
+    assert (
+        "index       %s, stored zstd in %s"
+        % (
+            format_size(len(columns)),
+            format_size(len(frame)),
+        )
+        in shown
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (1, "index decompresses to more than the %d bytes the manifest says (corrupt pack)"),
+        (-1, "index decompresses to %d bytes, manifest says %d (corrupt pack)"),
+    ],
+)
+def test_a_compressed_index_of_another_size_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path, change: int, message: str
+) -> None:
+    image.save(forged)
+    columns = _columns(forged)
+    # The frame's own header says nothing of its size: only what it decodes to counts.
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(columns)
+    usize = len(columns) - change
+    _compressed_index(image, forged, frame, usize)
+    expected = message % usize if change > 0 else message % (usize, usize)
+    if change < 0:
+        expected = message % (len(columns), usize)
+    assert_refused(forged, mountpoint, expected)
+
+
+def test_a_compressed_index_bomb_is_cut_at_its_declared_size(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
+    # 8 KiB of frame that would decode to 1 GiB: refused after usize + 1 bytes, not decoded.
+    bomb = zstandard.ZstdCompressor(level=19).compress(bytes(1 << 30))
+    assert len(bomb) < 64 * 1024
+    _compressed_index(image, forged, bomb, 4096)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index decompresses to more than the 4096 bytes the manifest says (corrupt pack)",
+    )
+
+
+def test_an_index_that_is_not_zstd_is_refused(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
+    image.save(forged)
+    _compressed_index(image, forged, b"not a zstd frame" * 8, 4096)
+    for command, extra in (("inspect", ()), ("verify", ()), ("mount", (str(mountpoint),))):
+        result = run_fanfs(command, forged, *extra, timeout=60)
+        assert result.returncode == 3, command
+        assert result.stderr.startswith(
+            "fanfs %s: error: %s: index does not decompress: " % (command, forged)
+        ), result.stderr
+        assert result.stderr.endswith(" (corrupt pack)\n") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"codec": "lz4"}, "manifest field index.codec is 'lz4', expected one of none, zstd"),
+        ({"usize": 7}, "manifest field index.usize is 7, expected the index size %d (codec none)"),
+        ({"codec": None}, "manifest field index.codec is None, expected a string"),
+    ],
+)
+def test_index_codec_fields_are_checked(
+    image: PackImage, forged: Path, mountpoint: Path, fields: dict[str, Any], message: str
+) -> None:
+    image.save(forged)
+    size = len(_columns(forged))
+    image.save(forged, after=lambda manifest: manifest["index"].update(fields))
+    assert_refused(forged, mountpoint, message % size if "%d" in message else message)
+
+
+def test_a_compressed_index_larger_than_memory_is_refused_before_it_is_decoded(
+    image: PackImage, forged: Path, mountpoint: Path
+) -> None:
+    image.save(forged)
+    columns = _columns(forged)
+    _compressed_index(image, forged, zstandard.ZstdCompressor().compress(columns), 1 << 50)
+    result = run_fanfs("inspect", forged, timeout=60)
+    assert result.returncode == 3
+    assert result.stderr.startswith(
+        "fanfs inspect: error: %s: index of 1024.0 TiB does not fit in this node's memory ("
+        % forged
+    ), result.stderr
 
 
 def test_the_base_pack_is_good(base: Path) -> None:

@@ -40,7 +40,7 @@ from fanfs.verify import verify_pack
 from fanfs.walk import sample_tree, walk_tree
 from tests.conftest import lookup_path, run_fanfs
 from tests.conftest import open_reader as _open
-from tests.data.make_golden import CODECS_V3, CODECS_V5, EXTRA_ARGS, MTIME, PACK_ARGS
+from tests.data.make_golden import CODECS_V3, CODECS_V6, EXTRA_ARGS, MTIME, PACK_ARGS
 from tests.reftree import SCENARIOS, build_reference_tree, pack_digests
 from tests.unit.test_format import _read as read_back
 
@@ -82,12 +82,14 @@ def golden_v4_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TRAINED = {"auto.fan", "lz4dict.fan"}
 
 
-# The golden packs were written before shared chunks: `--no-dedup` writes them again byte for
-# byte; the default (chunks with equal bytes stored once) is checked against them below.
+# Golden packs and references recorded before shared chunks (up to version 5): `--no-dedup`
+# writes them again byte for byte; the default is checked against them below.
 NO_DEDUP = ("--no-dedup",)
+# Packs recorded before version 6 have their index as its columns.
+PLAIN_INDEX = ("--index-codec", "none")
 
 
-@pytest.mark.parametrize("name", sorted(set(CODECS_V5) - TRAINED))
+@pytest.mark.parametrize("name", sorted(set(CODECS_V6) - TRAINED))
 def test_golden_sources_repack_to_the_golden_bytes(
     golden_src: Path, tmp_path: Path, name: str
 ) -> None:
@@ -96,10 +98,9 @@ def test_golden_sources_repack_to_the_golden_bytes(
         golden_src,
         out,
         "--codec",
-        *CODECS_V5[name].split(),
+        *CODECS_V6[name].split(),
         *PACK_ARGS,
         *EXTRA_ARGS.get(name, []),
-        *NO_DEDUP,
     )
     assert pack_digests(out, with_manifest=True) == pack_digests(GOLDEN / name, with_manifest=True)
 
@@ -152,14 +153,21 @@ def test_shared_chunks_are_stored_once_and_read_back_the_same(
 def test_format_4_data_bytes_are_unchanged(golden_v4_src: Path, tmp_path: Path, name: str) -> None:
     """Format 5 added blocks for files larger than a chunk: a pack with none (golden-v4's
     4 KiB chunks leave no room for blocks) has format 4's index and partitions, byte for
-    byte, and only the manifest differs (version, `block_size`)."""
+    byte, and only the manifest differs (version, `block_size`, from version 6 the index's
+    `codec` and `usize`), when its index is stored as its columns."""
     out = tmp_path / name
-    _pack(golden_v4_src, out, "--codec", *CODECS_V3[name].split(), *PACK_ARGS, *NO_DEDUP)
+    _pack(
+        golden_v4_src,
+        out,
+        *("--codec", *CODECS_V3[name].split()),
+        *(*PACK_ARGS, *NO_DEDUP, *PLAIN_INDEX),
+    )
     assert pack_digests(out, with_manifest=False) == pack_digests(
         GOLDEN_V4 / name, with_manifest=False
     )
     manifest = json.loads((out / "fanfs.manifest").read_bytes()[20:])
-    assert (manifest["format_version"], manifest["block_size"]) == (5, 0)
+    assert (manifest["format_version"], manifest["block_size"]) == (FORMAT_VERSION, 0)
+    assert manifest["index"]["codec"] == "none"
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))
@@ -188,7 +196,7 @@ def test_reference_tree_packs_to_the_recorded_bytes(
     reference_src: Path, tmp_path: Path, scenario: str
 ) -> None:
     out = tmp_path / scenario
-    _pack(reference_src, out, "-q", *SCENARIOS[scenario], *NO_DEDUP)
+    _pack(reference_src, out, "-q", *SCENARIOS[scenario], *NO_DEDUP, *PLAIN_INDEX)
     assert pack_digests(out, with_manifest=not scenario.startswith("auto")) == REFERENCE[scenario]
 
 

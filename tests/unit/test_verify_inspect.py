@@ -150,7 +150,7 @@ def test_inspect(good_pack: Path) -> None:
     result = run_fanfs("inspect", good_pack)
     assert (result.returncode, result.stderr) == (0, "")
     lines = result.stdout.splitlines()
-    fields = {line[:12].strip(): line[12:] for line in lines[:7]}
+    fields = {line[:12].strip(): line[12:] for line in lines[:8]}
     assert fields["pack"] == str(good_pack)
     assert fields["format"] == "version %d, fanfs %s" % (FORMAT_VERSION, __version__)
     assert fields["options"] == "codec zstd:3, chunk size 64.0 KiB, no blocks"
@@ -165,8 +165,15 @@ def test_inspect(good_pack: Path) -> None:
     assert fields["partitions"].startswith("2 regular (")
     assert fields["partitions"].endswith(", 0 broadcast (0 B)")
     assert fields["broadcast"] == "(none)"
-    assert lines[7] == ""
-    assert lines[8].split() == ["codec", "chunks", "bytes", "in", "bytes", "out", "ratio"]
+    index = json.loads((good_pack / "fanfs.manifest").read_bytes()[20:])["index"]
+    stored = format_size((good_pack / "index").stat().st_size)
+    assert fields["index"] == (
+        "%s, stored zstd in %s" % (format_size(index["usize"]), stored)
+        if index["codec"] == "zstd"
+        else stored
+    )
+    assert lines[8] == ""
+    assert lines[9].split() == ["codec", "chunks", "bytes", "in", "bytes", "out", "ratio"]
     assert lines[-1].split()[:2] == ["total", str(_open(good_pack).index.chunk_count)]
 
 
