@@ -387,17 +387,17 @@ class Packer:
         broadcast = bool(tree.flags.array[entry] & BROADCAST)
         # Raw chunks (the incompressible fallback) never refer to the dictionary.
         dict_id = self.dict_ids.get(task.cls, 0) if codec != 0 else 0
-        key = _shared_key(digest, codec, dict_id, broadcast) if self.opts.dedup else None
-        partition, offset, shared = writer.add_chunk(stored, broadcast, key)
+        shared_key = _shared_key(digest, codec, dict_id, broadcast) if self.opts.dedup else None
+        partition, offset, shared = writer.add_chunk(stored, broadcast, shared_key)
         rows.append(partition, offset, len(stored), codec, crc, dict_id)
         tree.count.array[entry] = rows.n - state.first_row
         usize = chunk_length(task.size, task.unit, task.chunk_no)
         name = chunk_codec_name(codec) + ("+dict" if dict_id else "")
-        for table, key_ in (
+        for table, key in (
             (self.codec_stats, SHARED_STATS if shared else name),
             (self.class_stats, task.cls),
         ):
-            stats = table.setdefault(key_, [0, 0, 0])
+            stats = table.setdefault(key, [0, 0, 0])
             stats[0] += 1
             stats[1] += usize
             stats[2] += 0 if shared else len(stored)

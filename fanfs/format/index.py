@@ -51,14 +51,17 @@ _SCAN_ROWS: Final = 1 << 15
 READ_PIECE: Final = 8 << 20
 
 
-def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | bytes, int]:
+def _read_private(
+    pack_dir: str, meta: dict[str, Any], version: int
+) -> tuple[mmap.mmap | bytes, int]:
     """The index's columns in anonymous memory of this process, and the crc32 of the file.
 
     Never a mapping of the file: whoever can write the pack could change or truncate it
     after it was validated (a cycle, or SIGBUS on the next access). Serving processes forked
     later share these pages. An index larger than half the available memory is refused
     rather than risking the node (the OOM killer). A compressed index (version 6) is read
-    whole, its crc32 checked, then decompressed into exactly `usize` bytes (`_decompress`)."""
+    whole, its crc32 checked, then decompressed into exactly `usize` bytes (`_decompress`);
+    `codec` and `usize` are read only from a version-6 manifest, the one that validates them."""
     fd = open_pack_file(pack_dir, INDEX_NAME)
     try:
         size = os.fstat(fd).st_size
@@ -67,7 +70,7 @@ def _read_private(pack_dir: str, meta: dict[str, Any]) -> tuple[mmap.mmap | byte
                 "%s: index is %d bytes, manifest says %d (truncated pack?)"
                 % (pack_dir, size, meta["size"])
             )
-        compressed = meta.get("codec", "none") == "zstd"
+        compressed = version >= 6 and meta["codec"] == "zstd"
         usize = meta["usize"] if compressed else size
         available = available_memory()
         if available and usize + (size if compressed else 0) > available // 2:
@@ -199,7 +202,7 @@ class Index:
         The tree structure is checked by `format.validate.check_index` (PackReader)."""
         if sys.byteorder != "little":
             raise PackFormatError("fanfs packs are little-endian; this host is not")
-        self._map, crc = _read_private(pack_dir, meta)
+        self._map, crc = _read_private(pack_dir, meta, version)
         size = len(self._map)
         if crc != meta["crc32"]:
             raise PackFormatError("%s: index checksum mismatch (corrupt pack)" % pack_dir)

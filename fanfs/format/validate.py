@@ -443,20 +443,12 @@ class _IndexCheck:
             found.note(1, lo, down)
             if found.rows[0] is None and found.rows[1] is None:
                 starts.append(np.flatnonzero(new_run) + lo)
-        bad = found.rows[0]
-        if bad is not None:
-            raise self.fail(
-                "parent",
-                bad,
-                "= %d is not an earlier entry (a cycle or a forward reference)" % parent[bad],
-            )
-        bad = found.rows[1]
-        if bad is not None:
-            raise self.fail(
-                "parent",
-                bad,
-                "= %d is below the previous entry's parent (not breadth-first)" % parent[bad],
-            )
+        for bad, problem in (
+            (found.rows[0], "is not an earlier entry (a cycle or a forward reference)"),
+            (found.rows[1], "is below the previous entry's parent (not breadth-first)"),
+        ):
+            if bad is not None:
+                raise self.fail("parent", bad, "= %d %s" % (parent[bad], problem))
         run_starts = np.concatenate(starts)
         owners = parent[run_starts].astype(np.int64)
         lengths = np.diff(np.append(run_starts, n))

@@ -158,6 +158,7 @@ def make_plan(
         time_budget = settings.time_budget_s
     budget: float | None = None
     budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
+    balanced = budget_mode == "balanced"
     if budget_mode in ("sync", "prefetch"):
         budget = decode_budget(budget_mode, settings, n_files, n_bytes, read_model)
     # balanced: the budget is the reference's decode, known once profiled; until then none
@@ -169,9 +170,9 @@ def make_plan(
         measure_fn=measure_fn,
         spent_out=cost,
         decode_budget_s=budget,
-        balanced=budget_mode == "balanced",
+        balanced=balanced,
     )
-    if budget_mode == "balanced":
+    if balanced:
         budget = reference_decode_s(profiles, settings.candidates)
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     selection = select(profiles, objective)
@@ -188,10 +189,10 @@ def make_plan(
                 time_budget_s=settings.plan_share * chosen_s,
                 measure_fn=measure_fn,
                 spent_out=cost,
-                decode_budget_s=budget if budget_mode != "balanced" else None,
-                balanced=budget_mode == "balanced",
+                decode_budget_s=None if balanced else budget,
+                balanced=balanced,
             )
-            if budget_mode == "balanced":
+            if balanced:
                 budget = reference_decode_s(profiles, settings.candidates)
                 objective = Objective(settings.mode, budget, settings.capacity_bytes)
             selection = select(profiles, objective)

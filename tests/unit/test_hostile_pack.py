@@ -26,6 +26,8 @@ from tests.conftest import FANFS, run_fanfs
 from tests.forge import PackImage, copy_pack, make_fifo, raw_manifest
 from tests.treegen import label_text, write_tree
 
+GOLDEN_V5 = Path(__file__).resolve().parents[1] / "data" / "golden-v5" / "zstd.fan"
+
 CHUNK = 4096
 FILES = {
     "a/text.txt": label_text(3 * CHUNK + 100, 1),  # 4 zstd chunks
@@ -665,6 +667,20 @@ def test_index_codec_fields_are_checked(
     size = len(_columns(forged))
     image.save(forged, after=lambda manifest: manifest["index"].update(fields))
     assert_refused(forged, mountpoint, message % size if "%d" in message else message)
+
+
+def test_a_version_5_manifest_cannot_declare_a_compressed_index(tmp_path: Path) -> None:
+    # `index.codec` and `usize` are validated from version 6 on, and read only there: in a
+    # version-5 manifest they are unknown keys, and the index is its columns as before.
+    pack = copy_pack(GOLDEN_V5, tmp_path / "v5.fan")
+    image = PackImage(pack)
+    assert image.version == 5
+
+    def declare(manifest: dict[str, Any]) -> None:
+        manifest["index"].update(codec="zstd", usize="a lot")
+
+    image.save(pack, after=declare)
+    assert _verify(pack).returncode == 0
 
 
 def test_a_compressed_index_larger_than_memory_is_refused_before_it_is_decoded(
