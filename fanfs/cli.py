@@ -46,6 +46,15 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "0: in chunks of --chunk-size)",
     )
     p.add_argument(
+        "--solid-block",
+        default=None,
+        metavar="SIZE",
+        help="compress files of at most a quarter of SIZE together in blocks of SIZE "
+        "(format 7: smaller packs of small files; a read decodes its file's whole block). "
+        "With --codec auto the plan chooses the classes, in its capacity-leaning modes "
+        "(default 64KiB); without, every small file (default 0: none)",
+    )
+    p.add_argument(
         "--partitions",
         type=int,
         default=None,
@@ -426,6 +435,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         sample_entries=args.sample_entries,
         dedup=args.dedup,
         index_codec=args.index_codec,
+        solid_block=None if args.solid_block is None else parse_size(args.solid_block),
     )
     run_pack(opts)
     return 0

@@ -54,6 +54,8 @@ COUNTER_NAMES: Final = (
     "dir_opens",
     "xattr_calls",
     "rest_pushed",
+    "solid_hits",
+    "solid_bytes",
     # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
     "fast_opendirs",
     "fast_getxattrs",
@@ -97,6 +99,8 @@ COUNTER_NAMES: Final = (
     DIR_OPENS,
     XATTR_CALLS,
     REST_PUSHED,
+    SOLID_HITS,
+    SOLID_BYTES,
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,

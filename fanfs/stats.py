@@ -37,6 +37,8 @@ ROWS: Final = (
     ("inline_decodes", "decodes on the request thread", "n"),
     ("thread_decodes", "decodes in worker threads", "n"),
     ("bytes_decoded", "bytes decoded", "b"),
+    ("solid_bytes", "solid blocks: bytes decoded", "b"),
+    ("solid_hits", "solid blocks: files served from a decoded block", "n"),
     ("decode_ns", "decode time", "ns"),
     ("prefetch_issued", "prefetch: chunks issued", "n"),
     ("prefetch_pushed", "prefetch: pushed to page cache", "n"),
@@ -196,7 +198,7 @@ def format_prometheus(stats: dict[str, Any]) -> str:
         PROMETHEUS_PREFIX + "decode_amplification",
         "gauge",
         "Bytes decoded per byte served (0 before the first read).",
-        stats.get("bytes_decoded", 0) / served if served else 0.0,
+        (stats.get("bytes_decoded", 0) + stats.get("solid_bytes", 0)) / served if served else 0.0,
     )
     return "\n".join(lines) + "\n"
 

@@ -53,6 +53,42 @@ INLINE_MAX_BYTES: Final = 256 * 1024
 # Chunks pushed into the kernel's page cache that are remembered (to count a later READ of one
 # as a wasted prefetch).
 PUSHED_MEMORY: Final = 65536
+# Decoded solid blocks (format 7) a serving process keeps: the small files of a block are
+# stored in walk order, so they are read together (a directory, an epoch in storage order, the
+# background fill), and each would otherwise decode the whole block again.
+SOLID_CACHE_BYTES: Final = 16 * 1024 * 1024
+
+
+class SolidBlocks:
+    """Decoded solid blocks by everything their decode depends on (partition, offset, stored
+    size, codec, dictionary, decoded size): an LRU of `budget` bytes. Any thread (a lock), so
+    that worker-thread decodes share it with the trio thread. Counts the blocks' bytes it
+    decoded (`decoded_bytes`)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.decoded_bytes = 0
+        self._lock = threading.Lock()
+        self._blocks: collections.OrderedDict[tuple[int, ...], bytes] = collections.OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[int, ...]) -> bytes | None:
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+            return block
+
+    def put(self, key: tuple[int, ...], block: bytes) -> None:
+        with self._lock:
+            self.decoded_bytes += len(block)
+            if key in self._blocks or len(block) > self.budget:
+                return
+            self._blocks[key] = block
+            self._bytes += len(block)
+            while self._bytes > self.budget:
+                _, old = self._blocks.popitem(last=False)
+                self._bytes -= len(old)
 
 
 class ChunkSource(Protocol):
@@ -118,6 +154,8 @@ class ChunkStore:
         self._holding: dict[int, bytes | memoryview] = {}
         self._taken: set[int] = set()  # held chunks a reader has already used
         self._inflight: dict[int, _Flight] = {}
+        self._solid = SolidBlocks(SOLID_CACHE_BYTES)
+        self._bsize = self.index.chunk_bsize
 
     def statistics(self) -> dict[str, int | str]:
         """The object cache, this process's buffer, and the mount-wide partition residency."""
@@ -196,6 +234,12 @@ class ChunkStore:
             counters[sh.PREFETCH_WASTED] += 1
         self._check_broken(entry, cid)
         usize = self.usize(entry, chunk_no)
+        if self._bsize[cid]:
+            data = self._solid_slice(cid, None, usize)
+            if data is not None:  # its block is decoded: no I/O, no decode
+                counters[sh.SOLID_HITS] += 1
+                self._keep(cid, data, whole=whole)
+                return data
         if (
             self._resident[self.index.chunk_partition[cid]]
             and usize <= INLINE_MAX_BYTES
@@ -208,7 +252,7 @@ class ChunkStore:
             except CorruptDataError as exc:
                 raise self._broken_error(entry, cid, exc) from exc
             counters[sh.DECODE_NS] += time.perf_counter_ns() - start
-            counters[sh.BYTES_DECODED] += usize
+            self._count_decoded(cid, usize)
         else:
             data = await self._single_flight(entry, cid, usize)
         self._keep(cid, data, whole=whole)
@@ -296,7 +340,7 @@ class ChunkStore:
         flight = self._inflight[cid] = _Flight(prefetch=True)
         try:
             flight.data = await self._load(cid, self.usize(entry, chunk_no), limiter)
-            self.shared.counters[sh.BYTES_DECODED] += self.usize(entry, chunk_no)
+            self._count_decoded(cid, self.usize(entry, chunk_no))
         except FanfsError as exc:
             flight.error = exc
             self.shared.counters[sh.PREFETCH_FAILED] += 1
@@ -358,7 +402,7 @@ class ChunkStore:
                     counters[sh.PREFETCH_FAILED] += 1
                     log.debug("prefetch of %s failed: %s", self._where(entry, cid), flight.error)
                 elif flight.data is not None:
-                    counters[sh.BYTES_DECODED] += usize
+                    self._count_decoded(cid, usize)
                     if flight.claimed:
                         counters[sh.PREFETCH_JOINED] += 1
                         self._keep(cid, flight.data, whole=True)  # see prefetch()
@@ -402,7 +446,7 @@ class ChunkStore:
                 flight = self._inflight[cid] = _Flight(prefetch=False)
                 try:
                     flight.data = await self._load(cid, usize, self._limiter)
-                    self.shared.counters[sh.BYTES_DECODED] += usize
+                    self._count_decoded(cid, usize)
                 except CorruptDataError as exc:
                     flight.error = self._broken_error(entry, cid, exc)
                 except FanfsError as exc:  # transient (remote): not remembered
@@ -495,14 +539,61 @@ class ChunkStore:
         data = self._decode(cid, stored, usize)
         return data, time.perf_counter_ns() - start
 
+    def _count_decoded(self, cid: int, usize: int) -> None:
+        """Count a chunk decoded (trio thread): its own bytes, or for a slice of a solid
+        block the blocks' bytes this process has decoded so far (its counter row is its own)."""
+        counters = self.shared.counters
+        if self._bsize[cid]:
+            counters[sh.SOLID_BYTES] = self._solid.decoded_bytes
+        else:
+            counters[sh.BYTES_DECODED] += usize
+
     def _decode(self, cid: int, stored: bytes | memoryview, usize: int) -> bytes | memoryview:
-        """Verify and decode stored bytes. Pure: safe in any thread."""
+        """Verify and decode stored bytes. Pure but for the solid-block cache (which locks):
+        safe in any thread."""
         index = self.index
+        if self._bsize[cid]:
+            data = self._solid_slice(cid, stored, usize)
+            assert data is not None
+            return data
         if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
             raise ChecksumError("checksum mismatch")
         return decompress(
             index.chunk_codec[cid], stored, usize, self.reader.dictionary(index.chunk_dict[cid])
         )
+
+    def _solid_slice(self, cid: int, stored: bytes | memoryview | None, usize: int) -> bytes | None:
+        """A slice of a solid block (a copy: the object cache counts what it holds), from the
+        decoded block if this process has it, else decoded from `stored` (verified first),
+        or None without `stored`. Blocks are shared by stored location: the rows sharing it
+        were written from the same bytes, and the first to decode them checked them."""
+        index = self.index
+        bsize = self._bsize[cid]
+        key = (
+            index.chunk_partition[cid],
+            index.chunk_offset[cid],
+            index.chunk_csize[cid],
+            index.chunk_codec[cid],
+            index.chunk_dict[cid],
+            bsize,
+        )
+        block = self._solid.get(key)
+        if block is None:
+            if stored is None:
+                return None
+            if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
+                raise ChecksumError("checksum mismatch")
+            block = bytes(
+                decompress(
+                    index.chunk_codec[cid],
+                    stored,
+                    bsize,
+                    self.reader.dictionary(index.chunk_dict[cid]),
+                )
+            )
+            self._solid.put(key, block)
+        skip = index.chunk_skip[cid]
+        return block[skip : skip + usize]
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

@@ -57,6 +57,12 @@ def inspect_pack(path: str, *, as_json: bool = False) -> str:
             "larger files in blocks of %s" % format_size(reader.block_size)
             if reader.block_size
             else "no blocks",
+        )
+        + (
+            # Untrusted: shown only when it is an integer (the rows are what is validated).
+            ", small files in solid blocks of %s" % format_size(opts["solid_block"])
+            if isinstance(opts.get("solid_block"), int) and opts["solid_block"] > 0
+            else ""
         ),
         "entries     %d files, %d directories, %d symlinks"
         % (totals["files"], totals["dirs"], totals["symlinks"]),
@@ -163,7 +169,9 @@ class _Checker:
         try:
             if chunk_crc(stored, cid, reader.crc_binds_chunk) != index.chunk_crc32[cid]:
                 raise CorruptDataError("checksum mismatch")
-            usize = reader.chunk_usize(entry, chunk_no)
+            # A slice of a solid block (format 7) decodes its whole block (each row checks
+            # its own crc over the block's stored bytes).
+            usize = index.chunk_bsize[cid] or reader.chunk_usize(entry, chunk_no)
             decompress(
                 index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid])
             )

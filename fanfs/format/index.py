@@ -33,11 +33,12 @@ from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.layout import (
     CHUNK_COLUMNS,
     COLUMN_ALIGN,
-    DICTS_COLUMN,
     ENTRY_COLUMNS,
     FORMAT_VERSION,
     INDEX_NAME,
-    NAMES_COLUMN,
+    PLAIN_FORMAT_VERSION,
+    SOLID_COLUMNS,
+    index_columns,
     open_pack_file,
 )
 
@@ -174,9 +175,11 @@ def encode_columns(
 ) -> Iterator[tuple[dict[str, Any], memoryview, bytes]]:
     """Lay out `columns` (in schema order) as one index file: for each column in file order,
     its descriptor, its bytes and the padding after them. One column converted at a time, so
-    the writer streams an index of millions of entries without a second copy of it."""
+    the writer streams an index of millions of entries without a second copy of it. With the
+    solid columns (`skip`, `bsize`) the layout is version 7's, else version 6's."""
     offset = 0
-    for name, dtype in (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN):
+    version = FORMAT_VERSION if "skip" in columns else PLAIN_FORMAT_VERSION
+    for name, dtype in index_columns(version):
         data = np.ascontiguousarray(columns[name], dtype=dtype).data.cast("B")
         pad = -len(data) % COLUMN_ALIGN
         yield (
@@ -209,7 +212,7 @@ class Index:
         self.entry_count: int = meta["entries"]
         self.chunk_count: int = meta["chunks"]
         rows = {name: self.entry_count for name, _ in ENTRY_COLUMNS}
-        rows.update({name: self.chunk_count for name, _ in CHUNK_COLUMNS})
+        rows.update({name: self.chunk_count for name, _ in (*CHUNK_COLUMNS, *SOLID_COLUMNS)})
         self.arrays: dict[str, np.ndarray] = {}
         views: dict[str, memoryview] = {}
         whole = memoryview(self._map)
@@ -228,6 +231,11 @@ class Index:
             self.arrays["dict"] = np.zeros(self.chunk_count, dtype="<u2")
             self.arrays["dicts"] = np.zeros(0, dtype="<u1")
             views["dict"] = self.arrays["dict"].data.cast("B").cast("H")
+        if version < 7:
+            # No solid blocks before version 7: every chunk is one of its own.
+            for name, _ in SOLID_COLUMNS:
+                self.arrays[name] = np.zeros(self.chunk_count, dtype="<u4")
+                views[name] = self.arrays[name].data.cast("B").cast("I")
         # Hot-path columns, bound once: attribute loads are cheaper than dict lookups.
         self.parent = views["parent"]
         self.name_off = views["name_off"]
@@ -243,6 +251,8 @@ class Index:
         self.chunk_codec = views["codec"]
         self.chunk_crc32 = views["crc32"]
         self.chunk_dict = views["dict"]
+        self.chunk_skip = views["skip"]
+        self.chunk_bsize = views["bsize"]
         self.names = views["names"]
 
     def close(self) -> None:

@@ -35,12 +35,18 @@ MAGIC: Final = b"FANFSPK\n"
 # Version 6 lets the index file be one zstd frame (the manifest's `index.codec`, and
 # `index.usize`, the size the columns' offsets refer to): a pack of small files spends a few
 # percent of its bytes on the index.
-FORMAT_VERSION: Final = 6
+# Version 7 adds solid blocks: the chunk columns `skip` and `bsize`. A chunk with `bsize` > 0
+# is a slice of a block of small files compressed together: its stored bytes decode to
+# `bsize` bytes, and the file's bytes start at `skip` in them. Several chunk rows share the
+# block's stored bytes (as shared chunks do since version 6).
+FORMAT_VERSION: Final = 7
+# The version a pack without solid blocks is written as: readers of version 6 read it.
+PLAIN_FORMAT_VERSION: Final = 6
 # Versions read. A version-1 pack reads as a version-2 pack without dictionaries; version 2
 # reads as version 3; version 3 as version 4 with plain chunk crc32s; version 4 as version 5
 # with `block_size` 0 (every file in chunks of `chunk_size`); version 5 as version 6 with an
-# uncompressed index.
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6)
+# uncompressed index; version 6 as version 7 without solid blocks.
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7)
 # The index file's codecs (version 6): stored as the columns are, or as one zstd frame.
 INDEX_CODECS: Final = ("none", "zstd")
 MANIFEST_NAME: Final = "fanfs.manifest"
@@ -78,6 +84,11 @@ CHUNK_COLUMNS: Final = (
 )
 # Version 1 had no `dict` column.
 CHUNK_COLUMNS_V1: Final = CHUNK_COLUMNS[:-1]
+# Version 7: solid blocks (FORMAT_VERSION above); both 0 for a chunk of its own.
+SOLID_COLUMNS: Final = (
+    ("skip", "<u4"),  # where the chunk's bytes start in its decoded block
+    ("bsize", "<u4"),  # the decoded size of the block (at most chunk_size); 0 = not solid
+)
 NAMES_COLUMN: Final = ("names", "<u1")
 # Version 2: every dictionary's bytes, back to back (manifest `dictionaries` gives offsets).
 # In the index rather than in files of their own so that whoever has the index (every node
@@ -113,7 +124,9 @@ def index_columns(version: int) -> tuple[tuple[str, str], ...]:
     """The index columns of a pack of format `version`, in file order."""
     if version < 2:
         return (*ENTRY_COLUMNS, *CHUNK_COLUMNS_V1, NAMES_COLUMN)
-    return (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN)
+    if version < 7:
+        return (*ENTRY_COLUMNS, *CHUNK_COLUMNS, NAMES_COLUMN, DICTS_COLUMN)
+    return (*ENTRY_COLUMNS, *CHUNK_COLUMNS, *SOLID_COLUMNS, NAMES_COLUMN, DICTS_COLUMN)
 
 
 def open_pack_file(pack_dir: str, name: str, what: str = "") -> int:
@@ -200,9 +213,11 @@ def chunk_length(size: int, chunk_size: int, chunk_no: int) -> int:
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
-    """Serialise a manifest canonically (sorted keys, no whitespace), header first."""
+    """Serialise a manifest canonically (sorted keys, no whitespace), header first (with its
+    `format_version`, FORMAT_VERSION if it has none)."""
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return MANIFEST_HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
+    version = manifest.get("format_version", FORMAT_VERSION)
+    return MANIFEST_HEADER.pack(MAGIC, version, len(body), zlib.crc32(body)) + body
 
 
 def raise_open_file_limit(needed: int) -> None:

@@ -666,6 +666,9 @@ class _ChunkCheck:
         self.partition, self.offset, self.csize, self.codec, self.dict_id = (
             a[name] for name in ("partition", "offset", "csize", "codec", "dict")
         )
+        # Version 7's solid blocks (all 0 before: every chunk decodes to its own size).
+        self.skip, self.bsize = a["skip"], a["bsize"]
+        self.chunk_size = np.uint64(index.chunk_size)
         self.limits = np.asarray(index.partition_sizes, dtype=np.uint64)
         version = index.version
         self.unknown = ~_codec_bytes(
@@ -676,8 +679,9 @@ class _ChunkCheck:
         )
         # A partition that does not exist, an offset too large, a chunk ending past its
         # partition, an unknown codec byte, a stored size that does not fit its decoded
-        # size, a dictionary that does not exist or not for its codec.
-        self.found = _FirstBad(6)
+        # size, a dictionary that does not exist or not for its codec, a slice that does
+        # not lie inside its block (or a block larger than a chunk).
+        self.found = _FirstBad(7)
 
     def check(self, start: int, stop: int, usize: np.ndarray) -> None:
         """Chunks start..stop-1, which decode to `usize` bytes each."""
@@ -690,8 +694,26 @@ class _ChunkCheck:
         limit = limits[0] if len(limits) == 1 else limits.take(np.minimum(part, len(limits) - 1))
         found.note(2, start, off + stored > limit)
         found.note(3, start, self.unknown.take(byte))
+        decoded = usize
+        if self.index.version >= 7:
+            # A slice of a solid block: skip + usize <= bsize <= chunk_size, and the stored
+            # bytes decode to bsize; a chunk of its own (bsize 0) has skip 0.
+            bsize = self.bsize[start:stop].astype(np.uint64)
+            skip = self.skip[start:stop].astype(np.uint64)
+            solid = bsize > 0
+            found.note(
+                6,
+                start,
+                np.where(solid, (skip + usize > bsize) | (bsize > self.chunk_size), skip > 0),
+                skip,
+                bsize,
+                usize,
+            )
+            decoded = np.where(solid, bsize, usize)
         # A raw chunk is exactly its decoded size; any other is 1..that size.
-        found.note(4, start, (stored > usize) | (stored < np.where(byte == 0, usize, 1)), usize)
+        found.note(
+            4, start, (stored > decoded) | (stored < np.where(byte == 0, decoded, 1)), decoded
+        )
         ids = self.dict_id[start:stop]
         if self.index.dictionaries:
             refused = (ids > self.index.dictionaries) | ((ids != 0) & self.refuses_dict.take(byte))
@@ -728,6 +750,25 @@ class _ChunkCheck:
                 bad,
                 "= %d is not a codec byte of format version %d" % (codec[bad], index.version),
             )
+        # A slice outside its block before its stored size, which depends on the block.
+        bad = rows[6]
+        if bad is not None:
+            skip, bsize, usize = self.found.values[6]
+            if bsize == 0:
+                message = "= %d, but the chunk is not in a solid block (bsize 0)" % skip
+            else:
+                message = "= %d: %d bytes from there do not fit a block of %d bytes" % (
+                    skip,
+                    usize,
+                    bsize,
+                )
+                if bsize > self.chunk_size:
+                    message = "= %d: the block of %d bytes is larger than a chunk (%d)" % (
+                        skip,
+                        bsize,
+                        self.chunk_size,
+                    )
+            raise index.fail("skip", bad, message)
         bad = rows[4]
         if bad is not None:
             raise index.fail(

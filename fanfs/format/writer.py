@@ -40,6 +40,7 @@ from fanfs.format.layout import (
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
+    PLAIN_FORMAT_VERSION,
     encode_manifest,
     partition_name,
     raise_open_file_limit,
@@ -237,7 +238,8 @@ class PackWriter:
             else:
                 os.unlink(self._index_path(".zst"))
         manifest = dict(manifest)
-        manifest["format_version"] = FORMAT_VERSION
+        # A pack without solid blocks is written as version 6 (readers of version 6 read it).
+        manifest["format_version"] = FORMAT_VERSION if "skip" in columns else PLAIN_FORMAT_VERSION
         manifest["index"] = {
             "file": INDEX_NAME,
             "size": size,

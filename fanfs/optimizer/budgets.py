@@ -109,6 +109,8 @@ class Plan:
     elapsed_s: float
     chunk_size: int
     cost: PlanCost = field(default_factory=lambda: PlanCost(None))
+    # Classes whose small files go into solid blocks (format 7), by measurement (`_solid`).
+    solid: frozenset[str] = frozenset()
 
     def choice(self, class_name: str) -> tuple[CodecSpec, bytes | None]:
         for prof, est in zip(self.profiles, self.selection.choices, strict=True):

@@ -8,7 +8,9 @@ whose plan stores small JSON files with a zstd dictionary; from version 3 also `
 whose plan stores them with lz4 and a dictionary, and `shuffle.fan`, zstd after a 4-byte
 shuffle; version 4 has the same packs, with chunk checksums bound to their chunk ids; version
 5 adds `blocks.fan`, a file larger than a chunk in blocks; version 6 stores these small packs'
-indexes compressed, and adds `plainindex.fan`, whose index is not) packed from it. Commit them and never regenerate
+indexes compressed, and adds `plainindex.fan`, whose index is not; version 7 has only
+`solid.fan` and `solidlz4.fan`, small files in solid blocks, since packs without them are
+written as version 6) packed from it. Commit them and never regenerate
 an existing version's directory: tests/unit/test_format.py checks that the current reader
 still reads every committed golden pack byte for byte (STYLE.md B10).
 """
@@ -50,6 +52,10 @@ EXTRA_ARGS = {
 }
 CODECS_V5 = {**CODECS_V3, "blocks.fan": "zstd:3"}
 CODECS_V6 = {**CODECS_V5, "plainindex.fan": "zstd:3"}
+# Version 7: solid blocks. A pack without them is written as version 6, so this version's
+# packs are the solid ones: every file of at most 1 KiB in blocks of 4 KiB, zstd and lz4.
+CODECS_V7 = {"solid.fan": "zstd:3", "solidlz4.fan": "lz4"}
+EXTRA_ARGS["solid.fan"] = EXTRA_ARGS["solidlz4.fan"] = ["--solid-block", "4KiB"]
 PACK_ARGS = [
     "--chunk-size",
     "4KiB",
@@ -165,7 +171,9 @@ def main() -> None:
         build_tree(src, FORMAT_VERSION)
         write_tar(src, out / "src.tar.gz")
         codecs = (
-            CODECS_V6
+            CODECS_V7
+            if FORMAT_VERSION >= 7
+            else CODECS_V6
             if FORMAT_VERSION >= 6
             else CODECS_V5
             if FORMAT_VERSION >= 5

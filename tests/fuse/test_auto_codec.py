@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fanfs.format.layout import FORMAT_VERSION
+from fanfs.format.layout import PLAIN_FORMAT_VERSION
 from tests.conftest import run_fanfs
 
 pytestmark = pytest.mark.fuse
@@ -121,7 +121,7 @@ def _shuffled_pack(tmp_path: Path) -> tuple[dict[str, bytes], Path]:
     result = run_fanfs("pack", src, pack, "-q", "--codec", "lz4hc:9+shuf4", "--chunk-size", "64KiB")
     assert result.returncode == 0, result.stderr
     manifest = json.loads(run_fanfs("inspect", "--json", pack).stdout)
-    assert manifest["format_version"] == FORMAT_VERSION == 6
+    assert manifest["format_version"] == PLAIN_FORMAT_VERSION == 6
     assert set(manifest["codec_stats"]) == {"lz4+shuf4"}
     return files, pack
 

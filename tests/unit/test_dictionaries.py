@@ -25,7 +25,7 @@ from fanfs.compression import (
     train_dictionary,
 )
 from fanfs.errors import DecompressionError, PackFormatError
-from fanfs.format.layout import FORMAT_VERSION
+from fanfs.format.layout import PLAIN_FORMAT_VERSION
 from fanfs.format.reader import PackReader
 from fanfs.optimizer import PlanSettings, ReadModel, parse_candidates
 from fanfs.pack import PackOptions, run_pack
@@ -174,7 +174,7 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
     reader = PackReader(str(out))
     try:
         manifest = reader.manifest
-        assert manifest["format_version"] == FORMAT_VERSION == 6
+        assert manifest["format_version"] == PLAIN_FORMAT_VERSION == 6
         assert manifest["options"]["codec"] == "auto"
         assert [d["class"] for d in manifest["dictionaries"]] == ["ann/*.json"]
         assert reader.dictionary_count == 1

@@ -29,6 +29,7 @@ from fanfs.format.index import ROOT_ID
 from fanfs.format.layout import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    PLAIN_FORMAT_VERSION,
     chunk_count,
     chunk_crc,
     chunk_length,
@@ -89,9 +90,15 @@ def _read(reader: PackReader, entry: int) -> bytes:
             )
         )
         usize = reader.chunk_usize(entry, k)
-        out += decompress(
-            index.chunk_codec[cid], stored, usize, reader.dictionary(index.chunk_dict[cid])
+        # Version 7: a slice of a solid block decodes the block, then skips into it.
+        bsize, skip = index.chunk_bsize[cid], index.chunk_skip[cid]
+        data = decompress(
+            index.chunk_codec[cid],
+            stored,
+            bsize or usize,
+            reader.dictionary(index.chunk_dict[cid]),
         )
+        out += data[skip : skip + usize]
     return bytes(out)
 
 
@@ -575,7 +582,7 @@ def test_empty_manifest(pack_copy: Path) -> None:
 def test_unsupported_version(pack_copy: Path, version: int) -> None:
     manifest = pack_copy / MANIFEST_NAME
     raw = bytearray(manifest.read_bytes())
-    assert struct.unpack_from("<I", raw, 8) == (FORMAT_VERSION,)
+    assert struct.unpack_from("<I", raw, 8) == (PLAIN_FORMAT_VERSION,)
     struct.pack_into("<I", raw, 8, version)
     manifest.write_bytes(bytes(raw))
     message = "%s: pack format version %d is not supported (this fanfs reads version %d)" % (
@@ -693,6 +700,8 @@ GOLDEN_CODECS = {
     "shuffle.fan": 0x22,
     "blocks.fan": 2,
     "plainindex.fan": 2,
+    "solid.fan": 2,
+    "solidlz4.fan": 1,
 }
 # Golden packs whose compressed chunks (all of them: the plan's only candidate takes one) use
 # dictionary 1: version 3's lz4 chunks with a dictionary.
@@ -700,8 +709,11 @@ GOLDEN_ALL_DICT = {"lz4dict.fan"}
 
 
 def test_there_is_a_golden_pack_for_the_current_format_version() -> None:
-    names = {p.name for p in DATA_DIR.glob("golden-v%d/*.fan" % FORMAT_VERSION)}
+    names = {p.name for p in DATA_DIR.glob("golden-v%d/*.fan" % PLAIN_FORMAT_VERSION)}
     assert {"zstd.fan", "lz4.fan", "brotli.fan"} <= names
+    # Packs without solid blocks are written as version 6: version 7's are the solid ones.
+    names = {p.name for p in DATA_DIR.glob("golden-v%d/*.fan" % FORMAT_VERSION)}
+    assert {"solid.fan", "solidlz4.fan"} <= names
     for version in range(1, FORMAT_VERSION + 1):
         assert (DATA_DIR / ("golden-v%d" % version) / "src.tar.gz").is_file(), version
 

@@ -21,9 +21,9 @@ import pytest
 import zstandard
 
 from fanfs._sizes import format_size
-from fanfs.format.layout import FORMAT_VERSION, partition_name
+from fanfs.format.layout import PLAIN_FORMAT_VERSION, partition_name
 from tests.conftest import FANFS, run_fanfs
-from tests.forge import PackImage, copy_pack, make_fifo, raw_manifest
+from tests.forge import PackImage, copy_pack, make_fifo, raw_manifest, reference_read
 from tests.treegen import label_text, write_tree
 
 GOLDEN_V5 = Path(__file__).resolve().parents[1] / "data" / "golden-v5" / "zstd.fan"
@@ -465,7 +465,7 @@ def test_an_unknown_codec_is_refused(image: PackImage, forged: Path, mountpoint:
     assert_refused(
         forged,
         mountpoint,
-        "index: codec[0] = 9 is not a codec byte of format version %d" % FORMAT_VERSION,
+        "index: codec[0] = 9 is not a codec byte of format version %d" % PLAIN_FORMAT_VERSION,
     )
 
 
@@ -712,3 +712,77 @@ def test_an_unforged_copy_through_the_forge_is_identical(
 
 
 _ = (shutil, stat, zlib, Callable)
+
+
+# 10. Solid blocks (format 7): a slice must lie inside its block, and a block is at most a chunk
+
+
+@pytest.fixture(scope="module")
+def solid_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hostile-solid")
+    src = write_tree(root / "src", {"s/%02d.txt" % i: label_text(300 + i, i) for i in range(12)})
+    pack = root / "solid.fan"
+    result = run_fanfs(
+        *("pack", src, pack, "-q", "--chunk-size", str(CHUNK), "--solid-block", "4KiB"),
+        *("--index-codec", "none"),
+    )
+    assert result.returncode == 0, result.stderr
+    return pack
+
+
+def test_a_solid_slice_past_its_block_is_refused(
+    solid_base: Path, forged: Path, mountpoint: Path
+) -> None:
+    image = PackImage(solid_base)
+    e = _entry(image, "s/05.txt")
+    cid = int(image.columns["first"][e])
+    bsize = int(image.columns["bsize"][cid])
+    assert image.version == 7 and bsize > 0
+    image.columns["skip"][cid] = bsize - 10
+    image.save(forged)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: skip[%d] = %d: 305 bytes from there do not fit a block of %d bytes"
+        % (cid, bsize - 10, bsize),
+    )
+
+
+def test_a_solid_block_larger_than_a_chunk_is_refused(
+    solid_base: Path, forged: Path, mountpoint: Path
+) -> None:
+    """A block's decoded size bounds what one read decodes: never more than a chunk."""
+    image = PackImage(solid_base)
+    cid = int(image.columns["first"][_entry(image, "s/00.txt")])
+    image.columns["bsize"][cid] = 1 << 31
+    image.save(forged)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: skip[%d] = %d: the block of %d bytes is larger than a chunk (%d)"
+        % (cid, image.columns["skip"][cid], 1 << 31, CHUNK),
+    )
+
+
+def test_a_skip_outside_a_solid_block_is_refused(
+    solid_base: Path, forged: Path, mountpoint: Path
+) -> None:
+    image = PackImage(solid_base)
+    cid = int(image.columns["first"][_entry(image, "s/03.txt")])
+    image.columns["bsize"][cid] = 0
+    image.columns["skip"][cid] = 7
+    image.save(forged)
+    assert_refused(
+        forged,
+        mountpoint,
+        "index: skip[%d] = 7, but the chunk is not in a solid block (bsize 0)" % cid,
+    )
+
+
+def test_a_solid_pack_reads_as_the_reference_reads_it(solid_base: Path) -> None:
+    """Every file of a solid pack, read by the forge's oracle (docs/format.md section 4)."""
+    image = PackImage(solid_base)
+    assert len(set(image.columns["offset"][image.columns["bsize"] > 0])) < 12  # shared blocks
+    for i in range(12):
+        rel = b"s/%02d.txt" % i
+        assert reference_read(image, rel) == label_text(300 + i, i), rel

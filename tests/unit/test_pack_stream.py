@@ -32,7 +32,7 @@ import fanfs.pack
 from fanfs.cli import main as fanfs_main
 from fanfs.compression import CODEC_ZSTD, parse_codec
 from fanfs.errors import UsageError
-from fanfs.format.layout import FORMAT_VERSION
+from fanfs.format.layout import PLAIN_FORMAT_VERSION
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, run_pack
 from fanfs.sample import generate_small
@@ -45,7 +45,7 @@ from tests.reftree import SCENARIOS, build_reference_tree, pack_digests
 from tests.unit.test_format import _read as read_back
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-GOLDEN = DATA_DIR / ("golden-v%d" % FORMAT_VERSION)
+GOLDEN = DATA_DIR / ("golden-v%d" % PLAIN_FORMAT_VERSION)
 GOLDEN_V4 = DATA_DIR / "golden-v4"
 REFERENCE = json.loads((DATA_DIR / "pack-reference.json").read_text())
 
@@ -166,7 +166,7 @@ def test_format_4_data_bytes_are_unchanged(golden_v4_src: Path, tmp_path: Path, 
         GOLDEN_V4 / name, with_manifest=False
     )
     manifest = json.loads((out / "fanfs.manifest").read_bytes()[20:])
-    assert (manifest["format_version"], manifest["block_size"]) == (FORMAT_VERSION, 0)
+    assert (manifest["format_version"], manifest["block_size"]) == (PLAIN_FORMAT_VERSION, 0)
     assert manifest["index"]["codec"] == "none"
 
 

@@ -15,7 +15,7 @@ from fanfs import __version__
 from fanfs._sizes import format_size
 from fanfs.compression import CODEC_NONE, CODEC_ZSTD
 from fanfs.format.index import ROOT_ID
-from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME
+from fanfs.format.layout import FORMAT_VERSION, MANIFEST_NAME, PLAIN_FORMAT_VERSION
 from tests.conftest import open_reader as _open
 from tests.conftest import run_fanfs
 from tests.treegen import label_text as _text
@@ -152,7 +152,7 @@ def test_inspect(good_pack: Path) -> None:
     lines = result.stdout.splitlines()
     fields = {line[:12].strip(): line[12:] for line in lines[:8]}
     assert fields["pack"] == str(good_pack)
-    assert fields["format"] == "version %d, fanfs %s" % (FORMAT_VERSION, __version__)
+    assert fields["format"] == "version %d, fanfs %s" % (PLAIN_FORMAT_VERSION, __version__)
     assert fields["options"] == "codec zstd:3, chunk size 64.0 KiB, no blocks"
     assert fields["entries"] == "6 files, 3 directories, 1 symlinks"
     bytes_in = sum(len(d) for d in FILES.values())
@@ -181,7 +181,7 @@ def test_inspect_json(good_pack: Path) -> None:
     result = run_fanfs("inspect", "--json", good_pack)
     assert (result.returncode, result.stderr) == (0, "")
     manifest = json.loads(result.stdout)
-    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["format_version"] == PLAIN_FORMAT_VERSION
     assert manifest["totals"]["files"] == 6
     assert manifest["totals"]["symlinks"] == 1
     assert manifest["totals"]["bytes_in"] == sum(len(d) for d in FILES.values())
