@@ -297,6 +297,7 @@ class Packer:
             sample_settings(settings, sample),
             chunk_size=self.opts.chunk_size,
             block_size=self.block_size,
+            solid_block=self.solid_block,
         )
         self.sample = sample
         if not plan.selection.feasible:

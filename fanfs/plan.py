@@ -216,7 +216,7 @@ def plan_table(record: dict[str, Any]) -> str:
                 row["class"][:18],
                 row["files"],
                 format_size(row["bytes"]),
-                row["codec"],
+                row["codec"] + ("+solid" if row.get("solid") is True else ""),
                 "%.2fx" % row["ratio"],
                 "%.0f" % row["decode_mbps"] if row["decode_mbps"] else "-",
                 "%.1f%%" % (100 * row["budget_share"]) if row["budget_share"] else "-",
@@ -359,7 +359,7 @@ def realised_table(record: dict[str, Any]) -> str:
             "%-18s %-13s %9s %9s %11s %11s"
             % (
                 row["class"][:18],
-                row["codec"],
+                row["codec"] + ("+solid" if row.get("solid") is True else ""),
                 "%.2fx" % row["ratio"],
                 _ratio(real.get("bytes_in", 0), real.get("bytes_out", 0)),
                 format_size(real.get("bytes_in", 0)),
