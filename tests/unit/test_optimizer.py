@@ -29,6 +29,7 @@ from fanfs.optimizer import (
     MeasureFn,
     Measurement,
     Objective,
+    PlanCost,
     PlanSettings,
     ReadModel,
     build_classes,
@@ -881,3 +882,49 @@ def test_a_loose_decode_budget_measures_the_densest_candidates_first(
         decode_budget_s=decode_budget,
     )
     assert {str(e.candidate) for e in prof.estimates} == {"none", "zstd:3", first}
+
+
+# --- solid blocks: the plan's choice (injected measurements) ------------------------------------
+
+
+def _solid_measure(gain: float, decode_per_byte: float = 1e-9) -> MeasureFn:
+    """Units stored at half their size alone; a unit of more than 2 KiB (a block of grouped
+    units) `gain` times smaller still. Decode time by raw bytes."""
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        raw = sum(len(u) for u in units)
+        stored = sum(len(u) // 2 if len(u) <= 2048 else int(len(u) / 2 / gain) for u in units)
+        return Measurement(len(units), raw, stored, raw * decode_per_byte, raw * 1e-9)
+
+    return fn
+
+
+def _solid_case(gain: float, budget: float | None, **kw: float) -> frozenset[str]:
+    from fanfs.optimizer.budgets import _solid_classes
+    from fanfs.optimizer.measurement import Estimate
+    from fanfs.optimizer.selection import Selection
+
+    zstd = Candidate(parse_codec("zstd:19"))
+    cls = ClassSample("src/*.txt", files=1000, total_bytes=1_000_000, units=[b"x" * 1000] * 64)
+    est = Estimate(zstd, 500_000, 0.001, 0.01, 64, 64_000)
+    selection = Selection((est,), 500_000, 0.001, True, True, 0.0)
+    return _solid_classes(
+        [cls], selection, budget, 16384, _solid_measure(gain, **kw), PlanCost(None)
+    )
+
+
+def test_solid_blocks_are_chosen_when_they_measure_smaller() -> None:
+    assert _solid_case(gain=1.5, budget=None) == {"src/*.txt"}
+
+
+def test_solid_blocks_that_save_under_three_percent_are_not_chosen() -> None:
+    assert _solid_case(gain=1.02, budget=None) == frozenset()
+
+
+def test_solid_blocks_whose_read_amplification_breaks_the_budget_are_not_chosen() -> None:
+    """Each file read decodes its whole block (16 files of 1000 bytes per 16 KiB block here):
+    the small files' decode is projected 16 times larger, past a budget of twice the plan's."""
+    assert _solid_case(gain=1.5, budget=0.002, decode_per_byte=1e-9) == frozenset()
+    assert _solid_case(gain=1.5, budget=0.1, decode_per_byte=1e-9) == {"src/*.txt"}
