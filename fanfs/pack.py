@@ -87,11 +87,12 @@ BATCH_BYTES: Final = 256 * 1024
 UNPLANNED_CODEC: Final = parse_codec("zstd:3")
 # Solid blocks (format 7): files of at most a quarter of the block size, of the classes the plan
 # (or --solid-block) groups, are compressed together in blocks of about this size, in walk
-# order. Measured on the real dataset's small files (zstd:19 with a dictionary, ratio of
-# files of up to 32 KiB): Ruby ri files 4.38x alone, 6.24x in 16 KiB blocks, 6.74x in 64 KiB,
-# 6.88x in 128 KiB; Go sources 4.37x, 4.62x, 4.96x, 5.10x. A read of one file decodes its
-# block: 64 KiB keeps that at about 50 us of zstd.
-DEFAULT_SOLID_BLOCK: Final = 64 * 1024
+# order. Measured on the real dataset's small files (ratio of files of up to 32 KiB, zstd:19
+# with a dictionary): Ruby ri files 4.38x alone, 6.24x in 16 KiB blocks, 6.74x in 64 KiB,
+# 6.88x in 128 KiB; Go sources 4.37x, 4.62x, 4.96x, 5.10x; files without an extension 4.73x,
+# 5.26x, 5.66x, 5.81x; the `(other)` mix 3.85x, 4.20x, 4.63x, 4.82x. squashfs's block size;
+# a read of one file decodes its block, about 100 us of zstd.
+DEFAULT_SOLID_BLOCK: Final = 128 * 1024
 # Closed blocks being compressed, at most: the consumer stores the oldest when there are more
 # (a fixed lag, so that where each block lands in the partitions does not depend on timing).
 SOLID_LAG: Final = 16
