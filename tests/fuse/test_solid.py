@@ -5,6 +5,7 @@ byte for byte at every offset, a corrupt block fails every file in it (and only 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shutil
@@ -126,3 +127,29 @@ def test_a_corrupt_solid_block_fails_exactly_its_files(
     assert result.returncode != 0
     for rel in in_block:
         assert rel in result.stdout + result.stderr
+
+
+def test_decode_amplification_counts_whole_solid_blocks(
+    solid: tuple[Path, Path], mount_factory: Callable[..., Mount]
+) -> None:
+    """Reading one small file of each block decodes every block whole: `fanfs stats` counts
+    the blocks' bytes, and its decode amplification is (chunks + blocks decoded) / served."""
+    _, pack = solid
+    mnt = mount_factory(pack, "--prefetch", "off", "--cache-memory", "0").mnt
+    rows = _solid_rows(pack)
+    first_of_block: dict[tuple[int, int], str] = {}
+    for rel, (part, off, _) in sorted(rows.items()):
+        first_of_block.setdefault((part, off), rel)
+    served = sum((mnt / rel).stat().st_size for rel in first_of_block.values())
+    for rel in first_of_block.values():
+        (mnt / rel).read_bytes()
+    result = run_fanfs("stats", "--json", mnt)
+    stats = json.loads(result.stdout)
+    assert stats["read_bytes"] == served
+    assert stats["solid_hits"] == 0
+    # Every block decoded once, whole: much more than the one file read from each.
+    assert stats["solid_bytes"] >= 2 * served
+    prom = run_fanfs("stats", "--prometheus", mnt).stdout
+    line = next(x for x in prom.splitlines() if x.startswith("fanfs_decode_amplification{"))
+    want = (stats["bytes_decoded"] + stats["solid_bytes"]) / served
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(want)
