@@ -504,8 +504,8 @@ class Packer:
                 "broadcast": list(self.opts.broadcast),
                 "chunk_size": self.opts.chunk_size,
                 "block_size": self.block_size,
-                # Only when grouping may happen: a pack without it keeps version 6's options.
-                **({"solid_block": self.solid_block} if self.solid_block else {}),
+                # Only when the pack has solid blocks: one without keeps version 6's options.
+                **({"solid_block": self.solid_block} if self.chunk_rows.solid else {}),
             },
             "totals": {
                 "files": files,

@@ -174,8 +174,10 @@ def test_pack_with_dictionary_reads_back(auto_pack: tuple[Path, Path]) -> None:
     reader = PackReader(str(out))
     try:
         manifest = reader.manifest
+        # The default (balanced) plan groups no class into solid blocks: version 6 as before.
         assert manifest["format_version"] == PLAIN_FORMAT_VERSION == 6
         assert manifest["options"]["codec"] == "auto"
+        assert "solid_block" not in manifest["options"]
         assert [d["class"] for d in manifest["dictionaries"]] == ["ann/*.json"]
         assert reader.dictionary_count == 1
         assert zlib.crc32(reader.dictionary(1) or b"") == manifest["dictionaries"][0]["crc32"]
