@@ -141,6 +141,9 @@ def make_plan(
 ) -> Plan:
     """Sample, profile and select: the whole of `fanfs plan`."""
     start = time.perf_counter()
+    budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
+    # Solid blocks are for the capacity-leaning modes, whose budget absorbs their decode.
+    solid_block = solid_block if settings.mode == "capacity" or budget_mode == "prefetch" else 0
     classes, reads = sample_classes(
         files,
         chunk_size=chunk_size,
@@ -148,6 +151,7 @@ def make_plan(
         sample_bytes=settings.sample_bytes,
         seed=settings.seed,
         reader=reader,
+        solid_block=solid_block,
     )
     read_model = settings.read_model or fit_read_model(reads)
     n_files, n_bytes = len(files), sum(f.size for f in files)
@@ -166,7 +170,6 @@ def make_plan(
     else:
         time_budget = settings.time_budget_s
     budget: float | None = None
-    budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
     balanced = budget_mode == "balanced"
     if budget_mode in ("sync", "prefetch"):
         budget = decode_budget(budget_mode, settings, n_files, n_bytes, read_model)
@@ -206,7 +209,7 @@ def make_plan(
                 objective = Objective(settings.mode, budget, settings.capacity_bytes)
             selection = select(profiles, objective)
     solid = frozenset[str]()
-    if solid_block and (settings.mode == "capacity" or budget_mode == "prefetch"):
+    if solid_block:
         solid = _solid_classes(classes, selection, budget, solid_block, measure_fn, cost)
     return Plan(
         settings,
@@ -228,8 +231,6 @@ def make_plan(
 # A class's small files go into solid blocks when that makes them this much smaller, as
 # measured on the sample with the class's codec (small PNGs: 1.8% smaller in 64 KiB blocks).
 SOLID_MIN_SAVING: Final = 0.01
-# Small units measured per class for the choice, at most (about 0.1 s of zstd:19).
-SOLID_SAMPLE_BYTES: Final = 256 * 1024
 
 
 def _solid_classes(
@@ -241,31 +242,31 @@ def _solid_classes(
     cost: PlanCost,
 ) -> frozenset[str]:
     """The classes whose files of at most block / 4 bytes are better stored in solid blocks
-    of `block` bytes: the chosen codec measured on the sample's small units alone and grouped
-    (in sample order), smaller by SOLID_MIN_SAVING. Reading one such file decodes its whole
+    of `block` bytes: the chosen codec measured on the class's runs of small files
+    (`ClassSample.runs`, consecutive in walk order, as the pack groups them) alone and
+    grouped, grouped smaller by SOLID_MIN_SAVING. Reading one such file decodes its whole
     block, so a class's decode is projected with that amplification (each member pays its
     block's decode: the worst case of a random epoch), and classes join, best saving per
     second of decode first, while the plan's decode stays within `budget`."""
     offers: list[tuple[float, float, str]] = []
     for cls, est in zip(classes, selection.choices, strict=True):
         cand = est.candidate
-        if cand == NONE:
+        if cand == NONE or not cls.runs:
             continue
-        units = [u for u in cls.measure_units if 0 < len(u) <= block // 4]
-        if cand.use_dict:
-            units = units[1::2]  # the dictionary was trained on the even units
-        units = units[: _count_prefix(units, SOLID_SAMPLE_BYTES)]
-        if len(units) < 8:
-            continue
-        blocks, size = [bytearray()], 0
-        for u in units:
-            if size and size + len(u) > block:
-                blocks.append(bytearray())
-                size = 0
-            blocks[-1] += u
-            size += len(u)
+        units: list[bytes] = []
+        blocks: list[bytes] = []
+        for run in cls.runs:
+            group = bytearray()
+            for u in run:
+                if group and len(group) + len(u) > block:
+                    blocks.append(bytes(group))
+                    group = bytearray()
+                group += u
+                units.append(u)
+            if group:
+                blocks.append(bytes(group))
         alone = measure_fn(cls.name, cand, units, cls.dictionary)
-        grouped = measure_fn(cls.name, cand, [bytes(b) for b in blocks], cls.dictionary)
+        grouped = measure_fn(cls.name, cand, blocks, cls.dictionary)
         cost.measure_s += alone.compress_s + grouped.compress_s
         if alone.stored_bytes <= 0 or grouped.stored_bytes > alone.stored_bytes * (
             1 - SOLID_MIN_SAVING
@@ -276,8 +277,7 @@ def _solid_classes(
         small_share = sum(len(u) for u in sampled if 0 < len(u) <= block // 4) / max(
             sum(len(u) for u in sampled), 1
         )
-        small_bytes = cls.total_bytes * small_share
-        scale = small_bytes / max(alone.raw_bytes, 1)
+        scale = cls.total_bytes * small_share / max(alone.raw_bytes, 1)
         saved = (alone.stored_bytes - grouped.stored_bytes) * scale
         extra_s = max(grouped.decode_s * len(units) / len(blocks) - alone.decode_s, 0.0) * scale
         offers.append((saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
@@ -288,15 +288,6 @@ def _solid_classes(
             chosen.add(name)
             decode_s += extra_s
     return frozenset(chosen)
-
-
-def _count_prefix(units: Sequence[bytes], limit: int) -> int:
-    total = 0
-    for i, u in enumerate(units):
-        total += len(u)
-        if total > limit:
-            return max(i, 1)
-    return len(units)
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:

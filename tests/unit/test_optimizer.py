@@ -908,6 +908,7 @@ def _solid_case(gain: float, budget: float | None, **kw: float) -> frozenset[str
 
     zstd = Candidate(parse_codec("zstd:19"))
     cls = ClassSample("src/*.txt", files=1000, total_bytes=1_000_000, units=[b"x" * 1000] * 64)
+    cls.runs = [[b"x" * 1000] * 16] * 4  # four runs of consecutive files: four blocks
     est = Estimate(zstd, 500_000, 0.001, 0.01, 64, 64_000)
     selection = Selection((est,), 500_000, 0.001, True, True, 0.0)
     return _solid_classes(
@@ -952,3 +953,33 @@ def test_on_one_unit_a_candidate_wins_only_by_a_clear_margin(smaller: float, los
     # The smallest within a loose decode budget (the capacity-leaning prefetch mode).
     sel = select([prof], Objective("prefetch", 1e9))
     assert str(sel.choices[0].candidate) == ("zstd:3" if loses else "zstd:19")
+
+
+def test_solid_runs_are_consecutive_small_files_in_walk_order() -> None:
+    """The solid-block choice measures runs of a class's small files as the pack groups
+    them: consecutive in walk order, large files skipped, drawn from the seeded generator."""
+    from fanfs.optimizer import FileRef, sample_classes
+
+    files = []
+    for i in range(60):
+        size = 5000 if i % 7 == 0 else 300 + i  # every 7th file is too large for a block
+        files.append(FileRef(b"d/%02d.txt" % i, b"d/%02d.txt" % i, size))
+    contents = {
+        f.path: f.path * (f.size // len(f.path)) + b"." * (f.size % len(f.path)) for f in files
+    }
+
+    def reader(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
+        return contents[path][offset : offset + length], 1e-4
+
+    small = [contents[f.path] for f in files if f.size <= 1024]
+    args: dict[str, Any] = {"chunk_size": 65536, "sample_bytes": 1 << 20, "reader": reader}
+    [cls], _ = sample_classes(files, seed=3, solid_block=4096, **args)
+    assert cls.runs
+    for run in cls.runs:
+        start = small.index(run[0])
+        assert run == small[start : start + len(run)]
+        assert sum(len(u) for u in run[:-1]) < 64 * 1024
+    [again], _ = sample_classes(files, seed=3, solid_block=4096, **args)
+    assert again.runs == cls.runs
+    [plain], _ = sample_classes(files, seed=3, **args)
+    assert plain.runs == [] and plain.units == cls.units
