@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, NONE, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
 from fanfs.optimizer.measurement import (
+    DECODE_PASSES,
     ClassProfile,
     MeasureFn,
     PlanCost,
@@ -31,6 +34,8 @@ from fanfs.optimizer.sampling import (
     sample_classes,
 )
 from fanfs.optimizer.selection import Objective, Selection, select
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +161,9 @@ def make_plan(
     read_model = settings.read_model or fit_read_model(reads)
     n_files, n_bytes = len(files), sum(f.size for f in files)
     cost = PlanCost(settings.time_budget_s)
+    # The codecs' share of the measuring budget: with solid blocks to choose, SOLID_SHARE of it
+    # is kept for that choice (`_solid_classes`).
+    codecs_share = 1.0 - SOLID_SHARE if solid_block else 1.0
     if settings.time_budget_s is None:
         # The pack reads every file (the raw-read model fitted on the sample reads) and
         # compresses on `jobs` threads: first with zstd:3 (the reference), then with the
@@ -164,11 +172,11 @@ def make_plan(
 
         def budget_of(ref_compress_s: float) -> float:
             cost.predicted_pack_s = read_s + ref_compress_s / max(settings.jobs, 1)
-            return settings.plan_share * cost.predicted_pack_s
+            return settings.plan_share * cost.predicted_pack_s * codecs_share
 
         time_budget: float | Callable[[float], float] = budget_of
     else:
-        time_budget = settings.time_budget_s
+        time_budget = settings.time_budget_s * codecs_share
     budget: float | None = None
     balanced = budget_mode == "balanced"
     if budget_mode in ("sync", "prefetch"):
@@ -198,7 +206,7 @@ def make_plan(
             profiles = profile(
                 classes,
                 settings.candidates,
-                time_budget_s=settings.plan_share * chosen_s,
+                time_budget_s=settings.plan_share * chosen_s * codecs_share,
                 measure_fn=measure_fn,
                 spent_out=cost,
                 decode_budget_s=None if balanced else budget,
@@ -210,7 +218,9 @@ def make_plan(
             selection = select(profiles, objective)
     solid = frozenset[str]()
     if solid_block:
-        solid = _solid_classes(classes, selection, budget, solid_block, measure_fn, cost)
+        assert cost.budget_s is not None
+        seconds = cost.budget_s * SOLID_SHARE / codecs_share
+        solid = _solid_classes(classes, selection, budget, solid_block, measure_fn, cost, seconds)
     return Plan(
         settings,
         read_model,
@@ -228,6 +238,9 @@ def make_plan(
     )
 
 
+# The share of the plan's measuring budget kept for the solid-block choice (capacity-leaning
+# modes): 2 x 256 KiB per class with the chosen codec, about 0.1-1 s each.
+SOLID_SHARE: Final = 0.15
 # A class's small files go into solid blocks when that makes them this much smaller, as
 # measured on the sample with the class's codec (small PNGs: 1.8% smaller in 64 KiB blocks).
 SOLID_MIN_SAVING: Final = 0.01
@@ -240,6 +253,7 @@ def _solid_classes(
     block: int,
     measure_fn: MeasureFn,
     cost: PlanCost,
+    seconds: float = math.inf,
 ) -> frozenset[str]:
     """The classes whose files of at most block / 4 bytes are better stored in solid blocks
     of `block` bytes: the chosen codec measured on the class's runs of small files
@@ -247,11 +261,16 @@ def _solid_classes(
     grouped, grouped smaller by SOLID_MIN_SAVING. Reading one such file decodes its whole
     block, so a class's decode is projected with that amplification (each member pays its
     block's decode: the worst case of a random epoch), and classes join, best saving per
-    second of decode first, while the plan's decode stays within `budget`."""
+    second of decode first, while the plan's decode stays within `budget`. Measuring stops
+    once it has taken `seconds` (CPU, as the plan's budget counts; classes largest first)."""
     offers: list[tuple[float, float, str]] = []
+    spent = 0.0
     for cls, est in zip(classes, selection.choices, strict=True):
         cand = est.candidate
         if cand == NONE or not cls.runs:
+            continue
+        if spent >= seconds:
+            log.debug("%s: solid blocks not measured (time budget)", cls.name)
             continue
         units: list[bytes] = []
         blocks: list[bytes] = []
@@ -267,7 +286,13 @@ def _solid_classes(
                 blocks.append(bytes(group))
         alone = measure_fn(cls.name, cand, units, cls.dictionary)
         grouped = measure_fn(cls.name, cand, blocks, cls.dictionary)
-        cost.measure_s += alone.compress_s + grouped.compress_s
+        took = (
+            alone.compress_s
+            + grouped.compress_s
+            + DECODE_PASSES * (alone.decode_s + grouped.decode_s)
+        )
+        cost.measure_s += took
+        spent += took
         if alone.stored_bytes <= 0 or grouped.stored_bytes > alone.stored_bytes * (
             1 - SOLID_MIN_SAVING
         ):

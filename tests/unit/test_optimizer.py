@@ -901,7 +901,9 @@ def _solid_measure(gain: float, decode_per_byte: float = 1e-9) -> MeasureFn:
     return fn
 
 
-def _solid_case(gain: float, budget: float | None, **kw: float) -> frozenset[str]:
+def _solid_case(
+    gain: float, budget: float | None, seconds: float = 1e9, **kw: float
+) -> frozenset[str]:
     from fanfs.optimizer.budgets import _solid_classes
     from fanfs.optimizer.measurement import Estimate
     from fanfs.optimizer.selection import Selection
@@ -912,7 +914,7 @@ def _solid_case(gain: float, budget: float | None, **kw: float) -> frozenset[str
     est = Estimate(zstd, 500_000, 0.001, 0.01, 64, 64_000)
     selection = Selection((est,), 500_000, 0.001, True, True, 0.0)
     return _solid_classes(
-        [cls], selection, budget, 16384, _solid_measure(gain, **kw), PlanCost(None)
+        [cls], selection, budget, 16384, _solid_measure(gain, **kw), PlanCost(None), seconds
     )
 
 
@@ -983,3 +985,7 @@ def test_solid_runs_are_consecutive_small_files_in_walk_order() -> None:
     assert again.runs == cls.runs
     [plain], _ = sample_classes(files, seed=3, **args)
     assert plain.runs == [] and plain.units == cls.units
+
+
+def test_solid_blocks_are_not_measured_past_their_share_of_the_time_budget() -> None:
+    assert _solid_case(gain=1.5, budget=None, seconds=0.0) == frozenset()
