@@ -841,6 +841,7 @@ def run_plan(args: argparse.Namespace) -> int:
         sample_settings(settings, sample),
         chunk_size=chunk_size,
         block_size=block_size,
+        solid_block=DEFAULT_SOLID_BLOCK,  # as `pack --codec auto` plans by default
     )
     record = sampled_plan_record(plan, sample)
     print(json.dumps(record, indent=2, sort_keys=True) if args.json else plan_table(record))
