@@ -412,7 +412,9 @@ def main() -> int:
                 ratio = (
                     real["bytes_in"] / real["bytes_out"] if real.get("bytes_out") else crow["ratio"]
                 )
-                cells.append("%.2fx %s" % (ratio, crow["codec"]))
+                cells.append(
+                    "%.2fx %s" % (ratio, crow["codec"] + ("+solid" if crow.get("solid") else ""))
+                )
             print(
                 "| %s | %d | %s | %s |"
                 % (row["class"], row["files"], _mb(row["bytes"]), " | ".join(cells))
@@ -440,7 +442,7 @@ def main() -> int:
                     "| %s | %s | %.3f | %.3f | %.2f | %.0f |"
                     % (
                         row["class"],
-                        row["codec"],
+                        row["codec"] + ("+solid" if row.get("solid") else ""),
                         row["decode_s"],
                         m,
                         m / row["decode_s"],
