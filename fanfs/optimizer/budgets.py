@@ -221,6 +221,7 @@ def make_plan(
         assert cost.budget_s is not None
         seconds = cost.budget_s * SOLID_SHARE / codecs_share
         solid = _solid_classes(classes, selection, budget, solid_block, measure_fn, cost, seconds)
+        cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
     return Plan(
         settings,
         read_model,
