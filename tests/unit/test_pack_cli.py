@@ -191,6 +191,14 @@ def test_out_parent_missing(src: Path, tmp_path: Path) -> None:
             ["--chunk-size", "8KiB", "--block-size", "2KiB"],
             "--block-size must be 0 or between 4KiB and half the chunk size (4.0 KiB)",
         ),
+        (
+            ["--solid-block", "2KiB"],
+            "--solid-block must be 0 or between 4KiB and the chunk size (1.0 MiB)",
+        ),
+        (
+            ["--chunk-size", "64KiB", "--solid-block", "128KiB"],
+            "--solid-block must be 0 or between 4KiB and the chunk size (64.0 KiB)",
+        ),
         (["--partitions", "0"], "--partitions must be between 1 and 4096"),
         (["--partitions", "4097"], "--partitions must be between 1 and 4096"),
     ],
