@@ -539,7 +539,15 @@ def test_interrupted_pack_leaves_nothing(tmp_path: Path, existing: bool) -> None
         "256KiB",
         *(["--force"] if existing else []),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal: a test run started in the background (`cmd &` in a script)
+    # ignores SIGINT, and a child would inherit that and never see the interrupt.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         tmp = tmp_path / (".out.fanfs-tmp-%d" % proc.pid)
         deadline = time.monotonic() + 30
