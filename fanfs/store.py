@@ -569,14 +569,7 @@ class ChunkStore:
         were written from the same bytes, and the first to decode them checked them."""
         index = self.index
         bsize = self._bsize[cid]
-        key = (
-            index.chunk_partition[cid],
-            index.chunk_offset[cid],
-            index.chunk_csize[cid],
-            index.chunk_codec[cid],
-            index.chunk_dict[cid],
-            bsize,
-        )
+        key = index.block_key(cid)
         block = self._solid.get(key)
         if block is None:
             if stored is None:

@@ -174,14 +174,7 @@ class _Checker:
                 raise CorruptDataError("checksum mismatch")
             # A slice of a solid block (format 7) decodes its whole block, once per block.
             bsize = index.chunk_bsize[cid]
-            key = (
-                index.chunk_partition[cid],
-                index.chunk_offset[cid],
-                index.chunk_csize[cid],
-                index.chunk_codec[cid],
-                index.chunk_dict[cid],
-                bsize,
-            )
+            key = index.block_key(cid)
             if not bsize or key not in self.blocks_ok:
                 decompress(
                     index.chunk_codec[cid],

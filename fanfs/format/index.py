@@ -284,6 +284,19 @@ class Index:
                 hi = mid
         return None
 
+    def block_key(self, cid: int) -> tuple[int, int, int, int, int, int]:
+        """Everything the decode of chunk `cid`'s stored bytes depends on (partition, offset,
+        stored size, codec, dictionary, solid block size): rows with equal keys decode to the
+        same bytes, so a decoded solid block (format 7) is shared under it."""
+        return (
+            self.chunk_partition[cid],
+            self.chunk_offset[cid],
+            self.chunk_csize[cid],
+            self.chunk_codec[cid],
+            self.chunk_dict[cid],
+            self.chunk_bsize[cid],
+        )
+
     def symlink_target(self, entry: int) -> bytes:
         off = self.first[entry]
         return bytes(self.names[off : off + self.size[entry]])
