@@ -25,6 +25,7 @@ import collections
 import logging
 import mmap
 import multiprocessing
+from collections.abc import Hashable
 from typing import Final, Protocol
 
 log = logging.getLogger(__name__)
@@ -127,17 +128,20 @@ class MinioCache:
 
 
 class LruCache:
-    """Least-recently-used eviction; one per serving process, `budget` bytes each."""
+    """Least-recently-used eviction; one per serving process, `budget` bytes each. Keyed by
+    chunk id, or by any hashable key (the store's decoded solid blocks)."""
 
     policy = "lru"
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._items: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
+        self._items: collections.OrderedDict[Hashable, bytes | memoryview] = (
+            collections.OrderedDict()
+        )
         self._bytes = 0
         self.evictions = 0
 
-    def get(self, cid: int) -> bytes | memoryview | None:
+    def get(self, cid: Hashable) -> bytes | memoryview | None:
         data = self._items.get(cid)
         if data is not None:
             self._items.move_to_end(cid)
@@ -149,7 +153,7 @@ class LruCache:
     def has_room(self) -> bool:
         return self._bytes < self.budget
 
-    def put(self, cid: int, data: bytes | memoryview) -> bool:
+    def put(self, cid: Hashable, data: bytes | memoryview) -> bool:
         if cid in self._items or not 0 < len(data) <= self.budget:
             return False
         self._items[cid] = data

@@ -454,7 +454,7 @@ class Packer:
             block = self._solid_open[key] = _SolidBlock(
                 task.cls, broadcast, task.spec, task.dictionary
             )
-        block.members.append((self.chunk_rows.append_placeholder(), block.size, len(data)))
+        block.members.append((self.chunk_rows.append_placeholder(), block.size))
         block.parts.append(data)
         block.size += len(data)
         if block.size >= self.solid_block:
@@ -478,7 +478,7 @@ class Packer:
             crc = zlib.crc32(stored)
             dict_id = self.dict_ids.get(block.cls, 0) if codec != 0 else 0
             partition, offset, _ = writer.add_chunk(stored, block.broadcast)
-            for row, skip, _length in block.members:
+            for row, skip in block.members:
                 rows.fill(
                     row, (partition, offset, len(stored), codec, crc, dict_id, skip, block.size)
                 )
@@ -550,15 +550,15 @@ def _shared_key(digest: int, codec: int, dict_id: int, broadcast: bool) -> int:
 
 @dataclass(slots=True)
 class _SolidBlock:
-    """An open solid block: its class's codec, and each member's chunk row, offset in the
-    block and length."""
+    """An open solid block: its class's codec, and each member's chunk row and offset in the
+    block."""
 
     cls: str
     broadcast: bool
     spec: CodecSpec
     dictionary: bytes | None
     size: int = 0
-    members: list[tuple[int, int, int]] = field(default_factory=list)
+    members: list[tuple[int, int]] = field(default_factory=list)
     parts: list[bytes] = field(default_factory=list)
 
 

@@ -33,7 +33,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 import trio
 
@@ -60,35 +60,23 @@ SOLID_CACHE_BYTES: Final = 16 * 1024 * 1024
 
 
 class SolidBlocks:
-    """Decoded solid blocks by everything their decode depends on (partition, offset, stored
-    size, codec, dictionary, decoded size): an LRU of `budget` bytes. Any thread (a lock), so
-    that worker-thread decodes share it with the trio thread. Counts the blocks' bytes it
-    decoded (`decoded_bytes`)."""
+    """Decoded solid blocks by everything their decode depends on (`Index.block_key`): an
+    `LruCache` of `budget` bytes behind a lock, so that worker-thread decodes share it with
+    the trio thread. Counts the blocks' bytes it was given (`decoded_bytes`)."""
 
     def __init__(self, budget: int) -> None:
-        self.budget = budget
         self.decoded_bytes = 0
         self._lock = threading.Lock()
-        self._blocks: collections.OrderedDict[tuple[int, ...], bytes] = collections.OrderedDict()
-        self._bytes = 0
+        self._lru = LruCache(budget)
 
     def get(self, key: tuple[int, ...]) -> bytes | None:
         with self._lock:
-            block = self._blocks.get(key)
-            if block is not None:
-                self._blocks.move_to_end(key)
-            return block
+            return cast("bytes | None", self._lru.get(key))  # only `put` fills it
 
     def put(self, key: tuple[int, ...], block: bytes) -> None:
         with self._lock:
             self.decoded_bytes += len(block)
-            if key in self._blocks or len(block) > self.budget:
-                return
-            self._blocks[key] = block
-            self._bytes += len(block)
-            while self._bytes > self.budget:
-                _, old = self._blocks.popitem(last=False)
-                self._bytes -= len(old)
+            self._lru.put(key, block)
 
 
 class ChunkSource(Protocol):
