@@ -334,14 +334,17 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if smp.get("predicted_pack_s") is not None:
         out.append(
             "plan cost   %.1f s of measurement (CPU) after the zstd:3 pass (%.1f s), within a "
-            "budget of %.1f s: %g%% of the %.1f s the pack is predicted to take on %d jobs"
+            "budget of %.1f s%s; the pack is predicted to take %.1f s on %d jobs, %g%% of it "
+            "%.1f s"
             % (
                 smp["measure_s"],
                 smp["reference_s"],
                 s["time_budget_s"],
-                100 * s["plan_share"],
+                " set in %d rounds" % smp["rounds"] if smp.get("rounds", 1) > 1 else "",
                 smp["predicted_pack_s"],
                 s["jobs"],
+                100 * s["plan_share"],
+                s["plan_share"] * smp["predicted_pack_s"],
             )
         )
     return out

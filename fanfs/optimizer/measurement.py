@@ -340,6 +340,7 @@ class PlanCost:
     measure_s: float = 0.0  # after the reference pass: what the budget bounds
     reference_s: float = 0.0  # the reference pass
     predicted_pack_s: float | None = None
+    rounds: int = 1  # calls of `profile` that measured (the budget's rounds: `_budget_rounds`)
     # every (class, candidate) measurement so far: a later `profile` call resumes from them
     totals: dict[tuple[str, Candidate], Measurement] = field(default_factory=dict)
 
