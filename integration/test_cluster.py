@@ -45,6 +45,7 @@ pytestmark = [
 
 CHUNK_SIZE = 64 * 1024
 BLOCK_SIZE = 16 * 1024
+SOLID_BLOCK = 32 * 1024
 PARTITIONS = 12
 # Fault-injection tests re-read files to reach a peer again: no object cache or read-ahead
 # buffer may answer them (test_every_rank_serves... runs with both on).
@@ -144,6 +145,10 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
         # Files above a chunk in blocks (format 5): remote fetches of blocks too.
         "--block-size",
         str(BLOCK_SIZE),
+        # Files of up to 8 KiB in solid blocks (format 7): remote fetches of a block's stored
+        # bytes, decoded and sliced where they are read.
+        "--solid-block",
+        str(SOLID_BLOCK),
         "--partitions",
         str(PARTITIONS),
         "--broadcast",
@@ -160,7 +165,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
             chunks[os.fsdecode(index.path(entry))] = [
                 index.chunk_partition[c] for c in range(first, first + index.count[entry])
             ]
+    solid_parts = {
+        index.chunk_partition[c] for c in range(len(index.chunk_bsize)) if index.chunk_bsize[c]
+    }
     reader.close()
+    assert len(solid_parts) >= 2, "no solid blocks spread over partitions: %s" % solid_parts
     parts = read_manifest(str(pack))["partitions"]  # sizes and broadcast flags
     assert set(chunks) == set(files)
     spanning = [p for p, c in chunks.items() if len(set(c)) > 1]

@@ -104,6 +104,19 @@ def reference_decode_s(profiles: Sequence[ClassProfile], candidates: Sequence[Ca
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class SolidDecode:
+    """A solid class's projected decode seconds, one thread, the whole class once.
+
+    walk: read in walk order (the pack's storage order), each block decoded once and its
+        members sliced from it: what reading the class through a mount in order costs.
+    random: each file read alone decodes its whole block (a random epoch with no block
+        cached): what the plan's budget is checked with."""
+
+    walk: float
+    random: float
+
+
 @dataclass(slots=True)
 class Plan:
     """A profiled dataset and the selection made for it (what plan.py prints and pack runs)."""
@@ -120,8 +133,10 @@ class Plan:
     elapsed_s: float
     chunk_size: int
     cost: PlanCost = field(default_factory=lambda: PlanCost(None))
-    # Classes whose small files go into solid blocks (format 7), by measurement (`_solid`).
+    # Classes whose small files go into solid blocks (format 7), by measurement
+    # (`_solid_classes`), and for each its decode seconds per epoch (`SolidDecode`).
     solid: frozenset[str] = frozenset()
+    solid_decode: dict[str, SolidDecode] = field(default_factory=dict)
 
     def choice(self, class_name: str) -> tuple[CodecSpec, bytes | None]:
         for prof, est in zip(self.profiles, self.selection.choices, strict=True):
@@ -212,11 +227,13 @@ def make_plan(
             codecs_share=codecs_share,
             measure_fn=measure_fn,
         )
-    solid = frozenset[str]()
+    solid_decode: dict[str, SolidDecode] = {}
     if solid_block:
         assert cost.budget_s is not None
         seconds = cost.budget_s * SOLID_SHARE / codecs_share
-        solid = _solid_classes(classes, selection, budget, solid_block, measure_fn, cost, seconds)
+        solid_decode = _solid_classes(
+            classes, selection, budget, solid_block, measure_fn, cost, seconds
+        )
         cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
     return Plan(
         settings,
@@ -231,7 +248,8 @@ def make_plan(
         time.perf_counter() - start,
         chunk_size,
         cost,
-        solid,
+        frozenset(solid_decode),
+        solid_decode,
     )
 
 
@@ -319,7 +337,7 @@ def _solid_classes(
     measure_fn: MeasureFn,
     cost: PlanCost,
     seconds: float = math.inf,
-) -> frozenset[str]:
+) -> dict[str, SolidDecode]:
     """The classes whose files of at most block / 4 bytes are better stored in solid blocks
     of `block` bytes: the chosen codec measured on the class's runs of small files
     (`ClassSample.runs`, consecutive in walk order, as the pack groups them) alone and
@@ -327,8 +345,10 @@ def _solid_classes(
     block, so a class's decode is projected with that amplification (each member pays its
     block's decode: the worst case of a random epoch), and classes join, best saving per
     second of decode first, while the plan's decode stays within `budget`. Measuring stops
-    once it has taken `seconds` (CPU, as the plan's budget counts; classes largest first)."""
+    once it has taken `seconds` (CPU, as the plan's budget counts; classes largest first).
+    Returns the chosen classes with their projected decode (`SolidDecode`)."""
     offers: list[tuple[float, float, str]] = []
+    decodes: dict[str, SolidDecode] = {}
     spent = 0.0
     for cls, est in zip(classes, selection.choices, strict=True):
         cand = est.candidate
@@ -371,13 +391,17 @@ def _solid_classes(
         saved = (alone.stored_bytes - grouped.stored_bytes) * scale
         extra_s = max(grouped.decode_s * len(units) / len(blocks) - alone.decode_s, 0.0) * scale
         offers.append((saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
-    chosen: set[str] = set()
+        # In walk order the small files cost their blocks' decode once; the rest of the class
+        # (its larger files) what the selection projected for it.
+        rest_s = est.decode_s * (1 - small_share)
+        decodes[cls.name] = SolidDecode(rest_s + grouped.decode_s * scale, est.decode_s + extra_s)
+    chosen: dict[str, SolidDecode] = {}
     decode_s = selection.decode_s
     for _, extra_s, name in sorted(offers, reverse=True):
         if budget is None or decode_s + extra_s <= budget:
-            chosen.add(name)
+            chosen[name] = decodes[name]
             decode_s += extra_s
-    return frozenset(chosen)
+    return chosen
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:
@@ -392,6 +416,13 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                 "bytes": prof.total_bytes,
                 "codec": str(est.candidate),
                 "solid": prof.name in plan.solid,
+                # a solid class's decode: in walk order, and with each file decoding its block
+                "solid_decode_s": {
+                    "walk": round(plan.solid_decode[prof.name].walk, 6),
+                    "random": round(plan.solid_decode[prof.name].random, 6),
+                }
+                if prof.name in plan.solid_decode
+                else None,
                 "ratio": round(prof.ratio(est), 4),
                 "decode_mbps": (
                     round(prof.total_bytes / est.decode_s / 1e6, 1) if est.decode_s else None
