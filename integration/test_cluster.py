@@ -72,6 +72,8 @@ class Tree:
     dirs: set[str]
     chunks: dict[str, list[int]]  # relative path -> partition of each chunk
     parts: list[dict[str, Any]]  # the manifest's partitions
+    extents: list[tuple[int, int]]  # (partition, offset) of each chunk row's stored bytes
+    solid: frozenset[int]  # chunk rows in solid blocks
 
     @property
     def broadcast(self) -> set[int]:
@@ -122,12 +124,11 @@ def _listing(root: Path) -> tuple[set[str], list[str]]:
     return dirs, files
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
+def build_tree(base: Path, *options: str) -> Tree:
+    """The cluster tests' dataset under `base`, packed with the common options and `options`."""
     from fanfs.format.reader import PackReader
     from fanfs.format.validate import read_manifest
 
-    base = tmp_path_factory.mktemp("cluster")
     src, pack = base / "src", base / "pack"
     make_dataset(src / "train", 480, per_dir=160)
     make_dataset(src / "val", 60, seed=1, per_dir=60)
@@ -145,14 +146,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
         # Files above a chunk in blocks (format 5): remote fetches of blocks too.
         "--block-size",
         str(BLOCK_SIZE),
-        # Files of up to 8 KiB in solid blocks (format 7): remote fetches of a block's stored
-        # bytes, decoded and sliced where they are read.
-        "--solid-block",
-        str(SOLID_BLOCK),
         "--partitions",
         str(PARTITIONS),
         "--broadcast",
         "val/**",
+        *options,
     )
     assert result.returncode == 0, result.stderr
     dirs, files = _listing(src)
@@ -165,16 +163,25 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
             chunks[os.fsdecode(index.path(entry))] = [
                 index.chunk_partition[c] for c in range(first, first + index.count[entry])
             ]
-    solid_parts = {
-        index.chunk_partition[c] for c in range(len(index.chunk_bsize)) if index.chunk_bsize[c]
-    }
+    # Stored extents (partition, offset) by chunk row: solid members share their block's.
+    extents = [
+        (int(index.chunk_partition[c]), int(index.chunk_offset[c]))
+        for c in range(len(index.chunk_offset))
+    ]
+    solid = frozenset(c for c in range(len(index.chunk_bsize)) if index.chunk_bsize[c])
     reader.close()
-    assert len(solid_parts) >= 2, "no solid blocks spread over partitions: %s" % solid_parts
     parts = read_manifest(str(pack))["partitions"]  # sizes and broadcast flags
     assert set(chunks) == set(files)
     spanning = [p for p, c in chunks.items() if len(set(c)) > 1]
     assert spanning, "no file spans partitions: the tree does not exercise multi-owner files"
-    return Tree(src, pack, {f: _sha256(src / f) for f in files}, dirs, chunks, parts)
+    return Tree(
+        src, pack, {f: _sha256(src / f) for f in files}, dirs, chunks, parts, extents, solid
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
+    return build_tree(tmp_path_factory.mktemp("cluster"))
 
 
 # -- reading through a mount ----------------------------------------------------------------
@@ -691,3 +698,42 @@ def test_fanfs_umount_of_each_rank_ends_the_job(mpi_jobs: StartJob, tree: Tree) 
         assert fanfs_test_mounts(job.mnt[rank]) == []
     assert job.proc is not None
     assert job.proc.wait(60) == 0, job.diagnostics()
+
+
+# -- solid blocks (format 7) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def solid_tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
+    """The same dataset with its files of up to 8 KiB in solid blocks of 32 KiB."""
+    return build_tree(tmp_path_factory.mktemp("cluster-solid"), "--solid-block", str(SOLID_BLOCK))
+
+
+@pytest.mark.timeout(150)
+def test_a_remote_solid_block_is_fetched_once_per_serving_process(
+    mpi_jobs: StartJob, solid_tree: Tree
+) -> None:
+    """Rank 0 reads the whole tree, most of it owned by rank 1. A small file in a remote solid
+    block fetches the block's stored bytes and is sliced where it is read; the block's other
+    members are sliced from the decoded block the serving process keeps, so each process
+    fetches a block at most once: not once per member."""
+    tree = solid_tree
+    job = mpi_jobs(tree.pack, 2, *NO_CACHE, *PATIENT_TIMEOUT)
+    local = locals_of(job, [job.stats(r) for r in range(2)])
+    got = read_tree(job.mnt[0])
+    assert_identical(tree, got, "rank 0")
+    stats = job.stats(0)
+    remote = [c for c, (part, _) in enumerate(tree.extents) if part not in local[0]]
+    plain = sum(1 for c in remote if c not in tree.solid)
+    members = [c for c in remote if c in tree.solid]
+    blocks = {tree.extents[c] for c in members}
+    assert len(members) >= 4 * len(blocks) > 0, "too few members per remote block to tell"
+    processes = stats["processes"]
+    assert plain + len(blocks) <= stats["remote_fetches"] <= plain + processes * len(blocks), (
+        stats,
+        plain,
+        len(blocks),
+        len(members),
+    )
+    assert stats["remote_timeouts"] == 0 and stats["pack_fallbacks"] == 0, stats
+    assert_sigterm_stops_cleanly(job)
