@@ -409,3 +409,23 @@ def test_fuzz_garbage_is_an_error_or_exact_size(stored: bytes, codec: int, size:
     except DecompressionError:
         return
     assert len(out) == size
+
+
+def test_a_full_context_cache_drops_its_oldest_context_not_all_of_them() -> None:
+    # A context with a large dictionary costs up to 0.3 s to build: the plan, which cycles
+    # through more (level, dictionary) pairs than the cache holds, rebuilt them all whenever
+    # it filled.
+    from fanfs import compression
+
+    made: list[int] = []
+
+    def maker(i: int) -> Callable[[], object]:
+        return lambda: made.append(i) or i
+
+    for i in range(compression._CONTEXT_CACHE_MAX + 1):
+        compression._cached("test_ctx", i, maker(i))
+    assert made == list(range(compression._CONTEXT_CACHE_MAX + 1))
+    compression._cached("test_ctx", 1, maker(1))  # still cached
+    assert len(made) == compression._CONTEXT_CACHE_MAX + 1
+    compression._cached("test_ctx", 0, maker(0))  # the oldest: dropped, built again
+    assert made[-1] == 0 and len(made) == compression._CONTEXT_CACHE_MAX + 2
