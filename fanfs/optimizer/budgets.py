@@ -225,6 +225,7 @@ def make_plan(
             budget,
             read_s=read_s,
             codecs_share=codecs_share,
+            balanced=balanced,
             measure_fn=measure_fn,
         )
     solid_decode: dict[str, SolidDecode] = {}
@@ -276,6 +277,7 @@ def _budget_rounds(
     *,
     read_s: float,
     codecs_share: float,
+    balanced: bool,
     measure_fn: MeasureFn,
 ) -> tuple[list[ClassProfile], Selection, float | None]:
     """Grow the measuring budget toward plan_share of the pack that the current selection
@@ -288,7 +290,6 @@ def _budget_rounds(
     the latest prediction: what the plan spends then tracks the pack that is made, not the
     first guess (on the real dataset the first selection predicted 546 s for a pack of
     309 s). Each round resumes from the measurements before it (`PlanCost.totals`)."""
-    balanced = (settings.check_mode if settings.mode == "capacity" else settings.mode) == "balanced"
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     for _ in range(MAX_ROUNDS):
         assert cost.budget_s is not None
