@@ -56,6 +56,7 @@ COUNTER_NAMES: Final = (
     "rest_pushed",
     "solid_hits",
     "solid_bytes",
+    "inline_reads",
     # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
     "fast_opendirs",
     "fast_getxattrs",
@@ -101,6 +102,7 @@ COUNTER_NAMES: Final = (
     REST_PUSHED,
     SOLID_HITS,
     SOLID_BYTES,
+    INLINE_READS,
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,

@@ -36,6 +36,7 @@ ROWS: Final = (
     ("object_inserts", "objects cached", "n"),
     ("inline_decodes", "decodes on the request thread", "n"),
     ("thread_decodes", "decodes in worker threads", "n"),
+    ("inline_reads", "pack reads on the request thread (an idle process)", "n"),
     ("bytes_decoded", "bytes decoded", "b"),
     ("solid_bytes", "solid blocks: bytes decoded", "b"),
     ("solid_hits", "solid blocks: files served from a decoded block", "n"),

@@ -57,6 +57,15 @@ PUSHED_MEMORY: Final = 65536
 # stored in walk order, so they are read together (a directory, an epoch in storage order, the
 # background fill), and each would otherwise decode the whole block again.
 SOLID_CACHE_BYTES: Final = 16 * 1024 * 1024
+# A serving process with no other chunk in flight reads a chunk that is not in memory itself,
+# with a blocking `pread` on the trio thread, and decodes it there: a thread hand-off (150-400
+# us here) costs more than a local SSD's read, and no other request of the process waits
+# (the others' requests go to the other serving processes). While those reads are slow (an
+# exponential average above INLINE_READ_SLOW_NS: a disk that seeks, a network filesystem),
+# the next INLINE_READ_BACKOFF go to worker threads again, which can overlap them. (1 ms
+# was too low: this VM's disk averaged above it under 4 readers, and every back-off cost.)
+INLINE_READ_SLOW_NS: Final = 4_000_000
+INLINE_READ_BACKOFF: Final = 256
 
 
 class SolidBlocks:
@@ -116,6 +125,7 @@ class ChunkStore:
         thread_limit: int,
         objects: ObjectCache | None = None,
         remote: ChunkSource | None = None,
+        inline_reads: bool = True,
     ) -> None:
         self.reader = reader
         self.remote = remote
@@ -144,6 +154,9 @@ class ChunkStore:
         self._inflight: dict[int, _Flight] = {}
         self._solid = SolidBlocks(SOLID_CACHE_BYTES)
         self._bsize = self.index.chunk_bsize
+        self._inline_reads = inline_reads
+        self._read_ns_avg = 0.0  # of the reads made inline
+        self._threaded_reads_left = 0  # reads that go to a thread before the next inline one
 
     def statistics(self) -> dict[str, int | str]:
         """The object cache, this process's buffer, and the mount-wide partition residency."""
@@ -466,6 +479,8 @@ class ChunkStore:
                     data = self._decode(cid, cached, usize)
                     counters[sh.DECODE_NS] += time.perf_counter_ns() - start
                     return data
+                if self._idle_for_inline_read(cid):
+                    return self._read_inline(cid, usize)
             counters[sh.THREAD_DECODES] += 1
             data, ns = await trio.to_thread.run_sync(
                 self.load_and_decode, cid, usize, limiter=limiter
@@ -485,6 +500,45 @@ class ChunkStore:
         data, ns = await trio.to_thread.run_sync(
             self._timed_decode, cid, stored, usize, limiter=limiter
         )
+        counters[sh.DECODE_NS] += ns
+        return data
+
+    def _idle_for_inline_read(self, cid: int) -> bool:
+        """Whether a reader's load of `cid`, the only chunk in flight in this process, may
+        read the disk on the trio thread (INLINE_READ_SLOW_NS). A prefetch never does: it
+        must overlap with the reader, not hold it up."""
+        if not self._inline_reads or len(self._inflight) != 1:
+            return False
+        flight = self._inflight.get(cid)
+        if flight is None or flight.prefetch:
+            return False
+        if self._threaded_reads_left:
+            self._threaded_reads_left -= 1
+            return False
+        return True
+
+    def _read_inline(self, cid: int, usize: int) -> bytes | memoryview:
+        """Read and decode a chunk of a local partition on the trio thread (blocking)."""
+        counters = self.shared.counters
+        counters[sh.INLINE_READS] += 1
+        counters[sh.INLINE_DECODES] += 1
+        start = time.perf_counter_ns()
+        try:
+            stored = self.reader.read_stored(cid)
+        except OSError as exc:
+            raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
+        read_ns = time.perf_counter_ns() - start
+        average = self._read_ns_avg = 0.75 * self._read_ns_avg + 0.25 * read_ns
+        if average > INLINE_READ_SLOW_NS:
+            log.debug(
+                "pack reads average %.1f ms: the next %d go to worker threads",
+                average / 1e6,
+                INLINE_READ_BACKOFF,
+            )
+            self._threaded_reads_left = INLINE_READ_BACKOFF
+            # The next inline read is a probe: one fast read brings the average back under.
+            self._read_ns_avg = INLINE_READ_SLOW_NS
+        data, ns = self._timed_decode(cid, stored, usize)
         counters[sh.DECODE_NS] += ns
         return data
 

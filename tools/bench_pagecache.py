@@ -131,12 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{len(relpaths) / statistics.median(times[name]):,.0f}",
                     "%.2f" % ratio,
                     str(s.get("inline_decodes", "-")),
+                    str(s.get("inline_reads", "-")),
                     str(s.get("thread_decodes", "-")),
                 ]
             )
         print(
             bl.markdown_table(
-                ["system", "files/s", "x native cold", "inline decodes", "thread decodes"],
+                [
+                    "system",
+                    "files/s",
+                    "x native cold",
+                    "inline decodes",
+                    "of them read inline",
+                    "thread decodes",
+                ],
                 rows,
                 right_from=1,
             )

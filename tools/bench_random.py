@@ -114,6 +114,7 @@ DEFAULT_MOUNT_ARGS = "--cache-memory 0 --prefetch-memory 16MiB --preload no"
 FANFS_COUNTERS = (
     *("reads", "read_bytes", "chunk_reads", "inline_decodes", "thread_decodes", "buffer_hits"),
     *("bytes_decoded", "read_ns", "decode_ns", "object_hits", "prefetch_pushed", "fill_bytes"),
+    "inline_reads",
 )
 # Bump when the generated data changes, so a kept --workdir is not reused stale.
 DATA_VERSION = 1

@@ -5,9 +5,11 @@ milliseconds instead of in a mount."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import trio
 import trio.testing
 
 from fanfs import shared as sh
-from fanfs.errors import ChecksumError, KnownCorruptError, RemoteReadError
+from fanfs.errors import ChecksumError, CorruptDataError, KnownCorruptError, RemoteReadError
 from fanfs.format.layout import partition_name
 from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
@@ -45,8 +47,11 @@ def expected_chunk(rel: str, chunk_no: int) -> bytes:
 def make_store(reader: PackReader, shared: SharedState | None = None, **kw: object) -> ChunkStore:
     """A store over partitions not preloaded, read as from a cold disk: in a worker thread
     (the pack just written is in the page cache, which the store would otherwise read from
-    on the trio thread: `test_chunks_in_the_page_cache_are_decoded_without_a_thread`)."""
+    on the trio thread: `test_chunks_in_the_page_cache_are_decoded_without_a_thread`; and an
+    idle store reads on the trio thread unless `inline_reads=False`, the default here, so
+    that loads overlap as they do in a busy process)."""
     reader.nowait_reads = False
+    kw.setdefault("inline_reads", False)
     shared = shared or SharedState(
         processes=2, partitions=len(reader.partitions), chunks=reader.index.chunk_count
     )
@@ -304,3 +309,89 @@ def test_chunks_in_the_page_cache_are_decoded_without_a_thread(pack: Path) -> No
         assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 1)  # again
     finally:
         os.close(fd)
+
+
+def test_an_idle_process_reads_from_the_disk_without_a_thread(pack: Path) -> None:
+    """A reader's chunk that is not in memory, with nothing else in flight in the process,
+    is read and decoded on the trio thread; a reader that comes while a prefetch is in
+    flight goes to a worker thread, as does the prefetch itself."""
+    reader = open_reader(pack)
+    store = make_store(reader, inline_reads=True)
+    counters = store.shared.counters
+    rel = "d1/f05.bin"
+    entry = entry_at(reader, rel)
+    assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
+    assert (counters[sh.INLINE_READS], counters[sh.THREAD_DECODES]) == (1, 0)
+
+    async def during_a_prefetch() -> bytes:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(store.prefetch, push=False), entry, 1, store.limiter)
+            while not store.is_pending(reader.index.first[entry] + 1):
+                await trio.lowlevel.checkpoint()  # until the prefetch is in its thread
+            data = bytes(await store.chunk(entry, 2, whole=True))
+        return data
+
+    assert trio.run(during_a_prefetch) == expected_chunk(rel, 2)
+    assert (counters[sh.INLINE_READS], counters[sh.THREAD_DECODES]) == (1, 2)
+    assert bytes(trio.run(partial(store.chunk, whole=True), entry, 1)) == expected_chunk(rel, 1)
+    assert counters[sh.THREAD_DECODES] == 2  # the prefetched chunk was kept: no load at all
+
+
+def test_slow_disk_reads_go_back_to_threads(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inline reads that average above INLINE_READ_SLOW_NS send the next
+    INLINE_READ_BACKOFF reads to worker threads; then one read is tried inline again, and
+    a fast one brings the inline reads back."""
+    monkeypatch.setattr("fanfs.store.INLINE_READ_BACKOFF", 3)
+    reader = open_reader(pack)
+    store = make_store(reader, inline_reads=True)
+    counters = store.shared.counters
+    read_stored = reader.read_stored
+    slow = [True]
+
+    def timed_read(chunk: int) -> bytes:
+        if slow[0]:
+            time.sleep(0.012)  # 3x INLINE_READ_SLOW_NS
+        return read_stored(chunk)
+
+    monkeypatch.setattr(reader, "read_stored", timed_read)
+    chunks = [(rel, k) for rel in sorted(FILES) for k in range(4)]
+
+    def read(n: int) -> list[int]:
+        """Read the next `n` chunks one at a time: (inline reads, thread decodes) after."""
+        for rel, k in chunks[:n]:
+            got = bytes(trio.run(partial(store.chunk, whole=True), entry_at(reader, rel), k))
+            assert got == expected_chunk(rel, k)
+        del chunks[:n]
+        return [counters[sh.INLINE_READS], counters[sh.THREAD_DECODES]]
+
+    # 12 ms, then an average of 3 and 5.25 ms: off after the second read.
+    assert read(2) == [2, 0]
+    assert read(3) == [2, 3]  # the back-off
+    assert read(1) == [3, 3]  # a probe, slow again
+    assert read(3) == [3, 6]
+    slow[0] = False
+    assert read(1) == [4, 6]  # a fast probe
+    assert read(2) == [6, 6]
+
+
+def test_an_inline_read_error_is_an_error_of_the_file(
+    pack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk error on the trio thread is the reader's EIO (a CorruptDataError naming the
+    file), as in a worker thread."""
+    reader = open_reader(pack)
+    store = make_store(reader, inline_reads=True)
+
+    def failing(chunk: int) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(reader, "read_stored", failing)
+    rel = "d0/f04.bin"
+    cid = reader.index.first[entry_at(reader, rel)]
+    with pytest.raises(CorruptDataError) as info:
+        trio.run(partial(store.chunk, whole=True), entry_at(reader, rel), 0)
+    assert str(info.value) == (
+        "cannot read the pack: Input/output error in %s (chunk 0, partition %d, offset %d)"
+        % (rel, reader.index.chunk_partition[cid], reader.index.chunk_offset[cid])
+    )
+    assert store.shared.counters[sh.INLINE_READS] == 1
