@@ -310,6 +310,10 @@ class Operations(pyfuse3.Operations):
             base = first * cs
             whole = off == base and end == min(base + cs, fsize)
             data = await self.store.chunk(entry, first, whole=whole)
+            if self.prefetcher is not None:
+                mates = self.store.block_mates(index.first[entry] + first)
+                if mates:
+                    self.prefetcher.push_mates(mates)
             if whole:
                 return data
             if self.prefetcher is not None:

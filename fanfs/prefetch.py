@@ -159,7 +159,7 @@ class Prefetcher:
         self._hint_pos: np.ndarray | None = None
         self._hint_ahead: _Ahead | None = None
         self._fill = fill and isinstance(store.objects, MinioCache)
-        self._rest: list[tuple[int, int, bytes | memoryview]] = []
+        self._rest: list[tuple[int, int, bytes | memoryview, int]] = []  # + its counter
         self._rest_bytes = 0
         self._busy = 0  # workers in the middle of a batch
         self._started = trio.Event()
@@ -312,20 +312,35 @@ class Prefetcher:
         chunk into the page cache, so that the reader's next reads in it reach no daemon and
         decode nothing again. Skipped without the page cache as target, and while
         REST_QUEUE_BYTES wait already."""
+        self._queue_rest(entry, chunk_no, data, sh.REST_PUSHED)
+
+    def push_mates(self, mates: list[tuple[int, bytes]]) -> None:
+        """A READ decoded a solid block: put the block's other files (`ChunkStore.block_mates`)
+        into the page cache, so that reading them costs no READ and no second decode, in
+        whichever serving process the kernel would have asked (each keeps its own decoded
+        blocks). Skipped as `push_rest` is."""
+        for entry, data in mates:
+            self._queue_rest(entry, 0, data, sh.SOLID_PUSHED)
+
+    def _queue_rest(
+        self, entry: int, chunk_no: int, data: bytes | memoryview, counter: int
+    ) -> None:
         if self.notify is None or self._rest_bytes + len(data) > REST_QUEUE_BYTES:
             return
-        self._rest.append((entry, chunk_no, data))
+        self._rest.append((entry, chunk_no, data, counter))
         self._rest_bytes += len(data)
         self._lot.unpark()
 
     async def _push_rest(self) -> None:
         batch, self._rest, self._rest_bytes = self._rest, [], 0
-        pushed = await trio.to_thread.run_sync(self._push_all, batch, limiter=self._limiter)
+        pushed = await trio.to_thread.run_sync(
+            self._push_all, [item[:3] for item in batch], limiter=self._limiter
+        )
         first = self.index.first
-        for (entry, chunk_no, _), ok in zip(batch, pushed, strict=True):
+        for (entry, chunk_no, _, counter), ok in zip(batch, pushed, strict=True):
             if ok:
                 self.store.shared.pushed[first[entry] + chunk_no] = 1
-                self.counters[sh.REST_PUSHED] += 1
+                self.counters[counter] += 1
 
     @property
     def idle(self) -> bool:
@@ -359,6 +374,11 @@ class Prefetcher:
                 for entry, chunk_no in remote:
                     nursery.start_soon(self._fetch_remote, entry, chunk_no, loaded)
         if loaded:
+            first = self.index.first
+            for entry, chunk_no, _ in loaded:
+                mates = self.store.block_mates(first[entry] + chunk_no)
+                if mates:
+                    self.push_mates(mates)
             await self._push(loaded)
 
     async def _fetch_remote(

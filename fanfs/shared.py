@@ -57,6 +57,7 @@ COUNTER_NAMES: Final = (
     "solid_hits",
     "solid_bytes",
     "inline_reads",
+    "solid_pushed",
     # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
     "fast_opendirs",
     "fast_getxattrs",
@@ -103,6 +104,7 @@ COUNTER_NAMES: Final = (
     SOLID_HITS,
     SOLID_BYTES,
     INLINE_READS,
+    SOLID_PUSHED,
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,

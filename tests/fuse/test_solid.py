@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,3 +154,31 @@ def test_decode_amplification_counts_whole_solid_blocks(
     line = next(x for x in prom.splitlines() if x.startswith("fanfs_decode_amplification{"))
     want = (stats["bytes_decoded"] + stats["solid_bytes"]) / served
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(want)
+
+
+def test_reading_one_file_of_a_block_puts_its_block_mates_in_the_page_cache(
+    solid: tuple[Path, Path], mount_factory: Callable[..., Mount]
+) -> None:
+    """The serving process that decodes a solid block pushes the block's other files into the
+    page cache: they then read back byte for byte with no READ and no second decode (in any
+    serving process)."""
+    src, pack = solid
+    mnt = mount_factory(pack, "--cache-memory", "0").mnt
+    rows = _solid_rows(pack)
+    target = "a/005.txt"
+    mates = sorted(r for r, row in rows.items() if row[:2] == rows[target][:2] and r != target)
+    assert len(mates) >= 2
+    for rel in FILES:
+        (mnt / rel).stat()  # the kernel knows each inode, as after a walk
+    assert (mnt / target).read_bytes() == (src / target).read_bytes()
+    deadline = time.monotonic() + 10
+    while read_stats(str(mnt))["solid_pushed"] < len(mates):
+        assert time.monotonic() < deadline, (len(mates), read_stats(str(mnt))["solid_pushed"])
+        time.sleep(0.02)
+    before = read_stats(str(mnt))
+    for rel in mates:
+        assert (mnt / rel).read_bytes() == (src / rel).read_bytes(), rel
+    after = read_stats(str(mnt))
+    assert after["reads"] == before["reads"]
+    assert after["solid_bytes"] == before["solid_bytes"]
+    assert after["solid_pushed"] == len(mates)

@@ -395,3 +395,41 @@ def test_an_inline_read_error_is_an_error_of_the_file(
         % (rel, reader.index.chunk_partition[cid], reader.index.chunk_offset[cid])
     )
     assert store.shared.counters[sh.INLINE_READS] == 1
+
+
+SOLID_FILES = {"s/%02d.txt" % i: label_text(300 + 41 * i, 50 + i) for i in range(24)}
+
+
+@pytest.fixture(scope="module")
+def solid_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = write_tree(tmp_path_factory.mktemp("solid") / "src", SOLID_FILES)
+    out = src.parent / "p.fan"
+    args = ("--chunk-size", "16KiB", "--solid-block", "8KiB")
+    result = run_fanfs("pack", src, out, "-q", *args)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_block_mates_are_the_other_files_of_a_decoded_block_once(solid_pack: Path) -> None:
+    """`block_mates`: after a read decodes a solid block, the block's other files with their
+    own bytes, once per block; files already pushed are left out; nothing for a block this
+    process has not decoded."""
+    reader = open_reader(solid_pack)
+    store = make_store(reader)
+    index = reader.index
+    cids = {rel: index.first[entry_at(reader, rel)] for rel in SOLID_FILES}
+    blocks: dict[tuple[int, ...], list[str]] = {}
+    for rel, cid in cids.items():
+        assert index.chunk_bsize[cid], rel
+        blocks.setdefault(index.block_key(cid), []).append(rel)
+    members = max(blocks.values(), key=len)
+    assert len(members) >= 3 and len(blocks) >= 2
+    one, pushed, *_ = members
+    assert store.block_mates(cids[one]) == []  # not decoded yet
+    store.shared.pushed[cids[pushed]] = 1
+    trio.run(partial(store.chunk, whole=True), entry_at(reader, one), 0)
+    mates = store.block_mates(cids[one])
+    got = {index.path(entry).decode(): bytes(data) for entry, data in mates}
+    assert got == {rel: SOLID_FILES[rel] for rel in members if rel not in (one, pushed)}
+    assert store.block_mates(cids[one]) == []
+    assert store.block_mates(cids[members[-1]]) == []  # the same block: handled
