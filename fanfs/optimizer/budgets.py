@@ -22,6 +22,7 @@ from fanfs.optimizer.measurement import (
     ClassProfile,
     MeasureFn,
     PlanCost,
+    confirm,
     measure,
     profile,
     reference_of,
@@ -178,7 +179,7 @@ def make_plan(
     cost = PlanCost(settings.time_budget_s)
     # The codecs' share of the measuring budget: with solid blocks to choose, SOLID_SHARE of it
     # is kept for that choice (`_solid_classes`).
-    codecs_share = 1.0 - SOLID_SHARE if solid_block else 1.0
+    codecs_share = 1.0 - CONFIRM_SHARE - (SOLID_SHARE if solid_block else 0.0)
     if settings.time_budget_s is None:
         # The pack reads every file (the raw-read model fitted on the sample reads) and
         # compresses on `jobs` threads: first with zstd:3 (the reference), then with the
@@ -228,6 +229,28 @@ def make_plan(
             balanced=balanced,
             measure_fn=measure_fn,
         )
+    assert cost.budget_s is not None
+    seconds = cost.budget_s * CONFIRM_SHARE / codecs_share
+    for _ in range(CONFIRM_ROUNDS):
+        chosen = [e.candidate for e in selection.choices]
+        spent = confirm(classes, chosen, settings.candidates, cost, measure_fn, seconds)
+        if not spent:
+            break
+        seconds -= spent
+        profiles = profile(
+            classes,
+            settings.candidates,
+            time_budget_s=cost.budget_s,
+            measure_fn=measure_fn,
+            spent_out=cost,
+            decode_budget_s=None if balanced else budget,
+            balanced=balanced,
+        )
+        if balanced:
+            budget = reference_decode_s(profiles, settings.candidates)
+        selection = select(profiles, Objective(settings.mode, budget, settings.capacity_bytes))
+        if settings.time_budget_s is None:
+            cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     solid_decode: dict[str, SolidDecode] = {}
     if solid_block:
         assert cost.budget_s is not None
@@ -235,7 +258,7 @@ def make_plan(
         solid_decode = _solid_classes(
             classes, selection, budget, solid_block, measure_fn, cost, seconds
         )
-        cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
+    cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
     return Plan(
         settings,
         read_model,
@@ -322,6 +345,10 @@ def _budget_rounds(
     return profiles, selection, budget
 
 
+# The share of the plan's measuring budget kept for confirming the chosen candidates measured
+# on few units (`measurement.confirm`), and the rounds of confirming and selecting again.
+CONFIRM_SHARE: Final = 0.05
+CONFIRM_ROUNDS: Final = 3
 # The share of the plan's measuring budget kept for the solid-block choice (capacity-leaning
 # modes): 2 x 256 KiB per class with the chosen codec, about 0.1-1 s each.
 SOLID_SHARE: Final = 0.15

@@ -35,6 +35,7 @@ from fanfs.optimizer import (
     ReadModel,
     build_classes,
     class_of,
+    confirm,
     decode_budget,
     fit_read_model,
     make_plan,
@@ -1018,6 +1019,57 @@ def test_on_one_unit_a_candidate_wins_only_by_a_clear_margin(smaller: float, los
     # The smallest within a loose decode budget (the capacity-leaning prefetch mode).
     sel = select([prof], Objective("prefetch", 1e9))
     assert str(sel.choices[0].candidate) == ("zstd:3" if loses else "zstd:19")
+
+
+def _one_lucky_unit() -> tuple[ClassSample, MeasureFn]:
+    """4 blocks; zstd:19 is 30% smaller than zstd:3 on the first and 10% larger on the other
+    three, and so costly that a budget of 0.7 s shows it only the first."""
+    units = [bytes([i]) * 65536 for i in range(4)]
+    cls = ClassSample("c/*.pam", files=30, total_bytes=30 << 20, units=units)
+    fn = _unit_measure(
+        {
+            "zstd:3": {u: 30000 for u in units},
+            "zstd:19": {u: 21000 if u is units[0] else 33000 for u in units},
+        },
+        {"zstd:3": 1e-9, "zstd:19": 1e-5},
+        1e-9,
+    )
+    return cls, fn
+
+
+def test_a_choice_made_on_one_unit_is_confirmed_on_more_and_dropped_when_it_loses() -> None:
+    """`confirm` measures the chosen candidate on CONFIRM_UNITS units; selected again, the
+    lucky block no longer decides (the balanced plan's brotli:11 on one PAM block)."""
+    cls, fn = _one_lucky_unit()
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(0.7)
+    [prof] = profile([cls], cands, time_budget_s=0.7, measure_fn=fn, spent_out=cost)
+    objective = Objective("prefetch", 1e9)
+    sel = select([prof], objective)
+    assert str(sel.choices[0].candidate) == "zstd:19"  # premise: chosen on one block
+    assert [e.sample_units for e in prof.estimates if e.candidate == ZSTD19] == [1]
+    spent = confirm([cls], [e.candidate for e in sel.choices], cands, cost, fn, seconds=10.0)
+    assert spent == pytest.approx(3 * 65536 * 1e-5 + 3 * 3 * 65536 * 1e-9)
+    [prof] = profile([cls], cands, time_budget_s=cost.budget_s, measure_fn=fn, spent_out=cost)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19"].sample_units == 4
+    assert by["zstd:19"].loses
+    assert str(select([prof], objective).choices[0].candidate) == "zstd:3"
+    # Confirmed already, and the reference saw every unit: nothing more to measure.
+    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=10.0) == 0.0
+    assert confirm([cls], [REFERENCE], cands, cost, fn, seconds=10.0) == 0.0
+
+
+def test_confirming_stays_within_its_seconds() -> None:
+    cls, fn = _one_lucky_unit()
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(0.7)
+    profile([cls], cands, time_budget_s=0.7, measure_fn=fn, spent_out=cost)
+    before = cost.measure_s
+    # Three more blocks at zstd:19's measured cost (about 2 s) do not fit in 1 s.
+    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=1.0) == 0.0
+    assert cost.totals[(cls.name, ZSTD19)].units == 1
+    assert cost.measure_s == before
 
 
 @pytest.mark.parametrize(("zstd19_on_first", "chosen"), [(10000, "lzma:6"), (8000, "zstd:19")])
