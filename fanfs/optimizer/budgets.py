@@ -237,18 +237,9 @@ def make_plan(
         if not spent:
             break
         seconds -= spent
-        profiles = profile(
-            classes,
-            settings.candidates,
-            time_budget_s=cost.budget_s,
-            measure_fn=measure_fn,
-            spent_out=cost,
-            decode_budget_s=None if balanced else budget,
-            balanced=balanced,
+        profiles, selection, budget = _reselect(
+            classes, settings, cost, budget, cost.budget_s, balanced=balanced, measure_fn=measure_fn
         )
-        if balanced:
-            budget = reference_decode_s(profiles, settings.candidates)
-        selection = select(profiles, Objective(settings.mode, budget, settings.capacity_bytes))
         if settings.time_budget_s is None:
             cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     solid_decode: dict[str, SolidDecode] = {}
@@ -313,7 +304,6 @@ def _budget_rounds(
     the latest prediction: what the plan spends then tracks the pack that is made, not the
     first guess (on the real dataset the first selection predicted 546 s for a pack of
     309 s). Each round resumes from the measurements before it (`PlanCost.totals`)."""
-    objective = Objective(settings.mode, budget, settings.capacity_bytes)
     for _ in range(MAX_ROUNDS):
         assert cost.budget_s is not None
         predicted = _predicted_pack_s(selection, read_s, settings.jobs)
@@ -327,22 +317,39 @@ def _budget_rounds(
             cost.budget_s,
             grown,
         )
-        profiles = profile(
-            classes,
-            settings.candidates,
-            time_budget_s=grown,
-            measure_fn=measure_fn,
-            spent_out=cost,
-            decode_budget_s=None if balanced else budget,
-            balanced=balanced,
+        profiles, selection, budget = _reselect(
+            classes, settings, cost, budget, grown, balanced=balanced, measure_fn=measure_fn
         )
-        if balanced:
-            budget = reference_decode_s(profiles, settings.candidates)
-            objective = Objective(settings.mode, budget, settings.capacity_bytes)
-        selection = select(profiles, objective)
         cost.rounds += 1
     cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     return profiles, selection, budget
+
+
+def _reselect(
+    classes: list[ClassSample],
+    settings: PlanSettings,
+    cost: PlanCost,
+    budget: float | None,
+    time_budget_s: float,
+    *,
+    balanced: bool,
+    measure_fn: MeasureFn,
+) -> tuple[list[ClassProfile], Selection, float | None]:
+    """Profile again within `time_budget_s`, resuming from `cost`'s measurements, and select
+    again; the balanced mode's decode budget is the reference's decode as now profiled."""
+    profiles = profile(
+        classes,
+        settings.candidates,
+        time_budget_s=time_budget_s,
+        measure_fn=measure_fn,
+        spent_out=cost,
+        decode_budget_s=None if balanced else budget,
+        balanced=balanced,
+    )
+    if balanced:
+        budget = reference_decode_s(profiles, settings.candidates)
+    objective = Objective(settings.mode, budget, settings.capacity_bytes)
+    return profiles, select(profiles, objective), budget
 
 
 # The share of the plan's measuring budget kept for confirming the chosen candidates measured
