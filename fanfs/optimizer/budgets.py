@@ -177,8 +177,9 @@ def make_plan(
     read_model = settings.read_model or fit_read_model(reads)
     n_files, n_bytes = len(files), sum(f.size for f in files)
     cost = PlanCost(settings.time_budget_s)
-    # The codecs' share of the measuring budget: with solid blocks to choose, SOLID_SHARE of it
-    # is kept for that choice (`_solid_classes`).
+    # The codecs' share of the measuring budget: CONFIRM_SHARE of it is kept for confirming
+    # choices made on few units (`measurement.confirm`), and with solid blocks to choose,
+    # SOLID_SHARE for that choice (`_solid_classes`).
     codecs_share = 1.0 - CONFIRM_SHARE - (SOLID_SHARE if solid_block else 0.0)
     if settings.time_budget_s is None:
         # The pack reads every file (the raw-read model fitted on the sample reads) and
