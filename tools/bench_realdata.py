@@ -334,6 +334,31 @@ def class_members(tree: Path, classes: list[str]) -> dict[str, list[bytes]]:
     return out
 
 
+def reference_pass_s(tree: Path, plan: dict[str, Any]) -> float:
+    """The plan's reference pass done again now: zstd:3 measured on every class's sample,
+    drawn as the plan drew it (same tree, chunk and block size, sample budget and seed). The
+    plan record's `sample.reference_s` is the CPU time of the same work on the same bytes
+    when the pack was planned, so the two tell how much slower or faster this shared host
+    runs now than then."""
+    sys.path.insert(0, str(REPO))
+    from fanfs.optimizer import REFERENCE, measure, sample_classes
+    from fanfs.optimizer.measurement import _cost
+    from fanfs.pack import effective_block_size
+    from fanfs.walk import sample_tree
+
+    settings = plan["settings"]
+    sample = sample_tree(str(tree), seed=settings["seed"], skip_unreadable=True)
+    chunk_size = settings["chunk_size"]
+    classes, _ = sample_classes(
+        sample.files,
+        chunk_size=chunk_size,
+        block_size=effective_block_size(chunk_size, None),
+        sample_bytes=settings["sample_bytes_budget"],
+        seed=settings["seed"],
+    )
+    return sum(_cost(measure(c.name, REFERENCE, c.measure_units, None)) for c in classes if c.units)
+
+
 def decode_through_mount(
     packs: dict[str, Path], tree: Path, plan: dict[str, Any], work: Path, passes: int
 ) -> dict[str, dict[str, float]]:
@@ -443,11 +468,25 @@ def main() -> int:
         for n in checked:
             log("per-class decode through the mount: %s", n)
             plan = results[n]["inspect"]["plan"]
+            before = reference_pass_s(tree, plan)
             got = decode_through_mount({n: packs[n]}, tree, plan, work, args.passes)
+            now = (before + reference_pass_s(tree, plan)) / 2
+            then = plan["sample"]["reference_s"]
+            # Measured x then / now: the decode as the host ran when the plan measured.
+            speed = then / now if now > 0 else 1.0
             results[n]["through_mount"] = got
+            results[n]["reference_pass_s"] = {"plan": then, "now": now}
             print("\n### %s: decode per class through the mount against the plan\n" % n)
-            print("| class | codec | predicted s | measured s | measured / predicted | MB/s |")
-            print("|---|---|---|---|---|---|")
+            print(
+                "The plan's reference pass took %.2f s of CPU when planned, %.2f s now (mean of "
+                "before and after): adjusted = measured x %.2f." % (then, now, speed)
+            )
+            print()
+            print(
+                "| class | codec | predicted s | measured s | measured / predicted | "
+                "adjusted / predicted | MB/s |"
+            )
+            print("|---|---|---|---|---|---|---|")
             total_p = total_m = 0.0
             for row in plan["classes"]:
                 if not row["decode_s"] or row["class"] not in got:
@@ -457,17 +496,21 @@ def main() -> int:
                 p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"])
                 total_p, total_m = total_p + p, total_m + m
                 print(
-                    "| %s | %s | %.3f | %.3f | %.2f | %.0f |"
+                    "| %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f |"
                     % (
                         row["class"],
                         row["codec"] + ("+solid" if row.get("solid") else ""),
                         p,
                         m,
                         m / p,
+                        m * speed / p,
                         row["bytes"] / m / 1e6 if m > 0 else float("inf"),
                     )
                 )
-            print("| all | | %.3f | %.3f | %.2f | |" % (total_p, total_m, total_m / total_p))
+            print(
+                "| all | | %.3f | %.3f | %.2f | %.2f | |"
+                % (total_p, total_m, total_m / total_p, total_m * speed / total_p)
+            )
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     res_path = args.cache / ("results-%s.json" % stamp)
     res_path.write_text(
