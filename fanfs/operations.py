@@ -310,7 +310,7 @@ class Operations(pyfuse3.Operations):
             base = first * cs
             whole = off == base and end == min(base + cs, fsize)
             data = await self.store.chunk(entry, first, whole=whole)
-            if self.prefetcher is not None:
+            if self.prefetcher is not None and self.prefetcher.pushes:
                 mates = self.store.block_mates(index.first[entry] + first)
                 if mates:
                     self.prefetcher.push_mates(mates)

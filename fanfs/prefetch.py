@@ -314,7 +314,12 @@ class Prefetcher:
         REST_QUEUE_BYTES wait already."""
         self._queue_rest(entry, chunk_no, data, sh.REST_PUSHED)
 
-    def push_mates(self, mates: list[tuple[int, bytes]]) -> None:
+    @property
+    def pushes(self) -> bool:
+        """Whether read-ahead goes into the kernel's page cache (`--prefetch-into kernel`)."""
+        return self.notify is not None
+
+    def push_mates(self, mates: list[tuple[int, memoryview]]) -> None:
         """A READ decoded a solid block: put the block's other files (`ChunkStore.block_mates`)
         into the page cache, so that reading them costs no READ and no second decode, in
         whichever serving process the kernel would have asked (each keeps its own decoded

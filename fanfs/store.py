@@ -496,9 +496,8 @@ class ChunkStore:
                 cached = self.reader.read_stored_if_cached(cid)
                 if cached is not None:
                     counters[sh.INLINE_DECODES] += 1
-                    start = _cpu_ns()
-                    data = self._decode(cid, cached, usize)
-                    counters[sh.DECODE_NS] += _cpu_ns() - start
+                    data, ns = self._timed_decode(cid, cached, usize)
+                    counters[sh.DECODE_NS] += ns
                     return data
                 if self._idle_for_inline_read(cid):
                     return self._read_inline(cid, usize)
@@ -513,9 +512,8 @@ class ChunkStore:
         stored = await self.remote.fetch(partition, index.chunk_offset[cid], index.chunk_csize[cid])
         if usize <= INLINE_MAX_BYTES:
             counters[sh.INLINE_DECODES] += 1
-            start = _cpu_ns()
-            data = self._decode(cid, stored, usize)
-            counters[sh.DECODE_NS] += _cpu_ns() - start
+            data, ns = self._timed_decode(cid, stored, usize)
+            counters[sh.DECODE_NS] += ns
             return data
         counters[sh.THREAD_DECODES] += 1
         data, ns = await trio.to_thread.run_sync(
@@ -524,9 +522,9 @@ class ChunkStore:
         counters[sh.DECODE_NS] += ns
         return data
 
-    def block_mates(self, cid: int) -> list[tuple[int, bytes]]:
-        """The other files stored in chunk `cid`'s solid block, as (entry, bytes) sliced
-        from the block this process has decoded: for the prefetcher to push into the page
+    def block_mates(self, cid: int) -> list[tuple[int, memoryview]]:
+        """The other files stored in chunk `cid`'s solid block, as (entry, a view of their
+        bytes in the block this process has decoded): for the prefetcher to push into the page
         cache. Once per block per process (MATES_DONE), without the files already pushed;
         [] if `cid` is no slice of a solid block or its block is not decoded here."""
         if not self._bsize[cid]:
@@ -542,11 +540,12 @@ class ChunkStore:
         if len(self._mates_done) > MATES_DONE:
             self._mates_done.popitem(last=False)
         pushed = self.shared.pushed
+        view = memoryview(block)
         out = []
         for mate, entry in self._mates_of(cid, key):
             if not pushed[mate]:
                 skip = index.chunk_skip[mate]
-                out.append((entry, block[skip : skip + int(index.size[entry])]))
+                out.append((entry, view[skip : skip + int(index.size[entry])]))
         return out
 
     def _mates_of(self, cid: int, key: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -613,10 +612,7 @@ class ChunkStore:
         counters[sh.INLINE_READS] += 1
         counters[sh.INLINE_DECODES] += 1
         start = time.perf_counter_ns()
-        try:
-            stored = self.reader.read_stored(cid)
-        except OSError as exc:
-            raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
+        stored = self._read_stored(cid)
         read_ns = time.perf_counter_ns() - start
         average = self._read_ns_avg = 0.75 * self._read_ns_avg + 0.25 * read_ns
         if average > INLINE_READ_SLOW_NS:
@@ -658,11 +654,15 @@ class ChunkStore:
         if self._resident[self.index.chunk_partition[cid]]:
             stored: bytes | memoryview = self.reader.stored_view(cid)
         else:
-            try:
-                stored = self.reader.read_stored(cid)
-            except OSError as exc:
-                raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
+            stored = self._read_stored(cid)
         return self._timed_decode(cid, stored, usize)
+
+    def _read_stored(self, cid: int) -> bytes:
+        """`PackReader.read_stored` (blocking), a failure as the reader's EIO."""
+        try:
+            return self.reader.read_stored(cid)
+        except OSError as exc:
+            raise CorruptDataError("cannot read the pack: %s" % exc.strerror) from exc
 
     def _timed_decode(
         self, cid: int, stored: bytes | memoryview, usize: int

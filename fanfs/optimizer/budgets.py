@@ -245,7 +245,6 @@ def make_plan(
             cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     solid_decode: dict[str, SolidDecode] = {}
     if solid_block:
-        assert cost.budget_s is not None
         seconds = cost.budget_s * SOLID_SHARE / codecs_share
         solid_decode = _solid_classes(
             classes, selection, budget, solid_block, measure_fn, cost, seconds
