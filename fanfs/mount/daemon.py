@@ -39,6 +39,9 @@ def daemonize(reader: PackReader, config: MountConfig, pyfuse3: Any, logfile: st
     os.close(read_fd)
     os.setsid()
     pipe = [write_fd]  # emptied once the parent has been told; the fd number is then reused
+    # A process forked before the parent is told (the cache filler of a one-process mount)
+    # must not hold the pipe open: the parent reads it to the end.
+    os.register_at_fork(after_in_child=lambda: _forget(pipe))
     code = 1
     try:
         _detach_stdio()
@@ -66,6 +69,12 @@ def _report(pipe: list[int], code: int, message: str) -> None:
         fd = pipe.pop()
         os.write(fd, ("%d %s\n" % (code, message)).encode())
         os.close(fd)
+
+
+def _forget(pipe: list[int]) -> None:
+    """In a forked child: close the status pipe if the parent has not been told yet."""
+    if pipe:
+        os.close(pipe.pop())
 
 
 def _detach_stdio() -> None:

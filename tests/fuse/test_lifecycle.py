@@ -121,14 +121,27 @@ def stop_daemon(pid: int) -> None:
                 os.waitpid(member, 0)
 
 
-def test_background_mount_and_umount(edge_pack: Path, edge_tree: Path, tmp_path: Path) -> None:
+# One serving process forks its cache filler before the kernel's INIT, while the command
+# still waits on its status pipe: the command must return all the same.
+@pytest.mark.parametrize("processes", [(), ("--processes", "1")], ids=["default", "one-process"])
+def test_background_mount_and_umount(
+    edge_pack: Path, edge_tree: Path, tmp_path: Path, processes: tuple[str, ...]
+) -> None:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     log = tmp_path / "daemon.log"
     pid = None
     with adopt_orphans():
         result = run_fanfs(
-            "mount", "-o", "fsname=" + TEST_FSNAME, "--log", log, edge_pack, mnt, timeout=60
+            "mount",
+            "-o",
+            "fsname=" + TEST_FSNAME,
+            "--log",
+            log,
+            *processes,
+            edge_pack,
+            mnt,
+            timeout=60,
         )
     try:
         assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
