@@ -62,6 +62,7 @@ COUNTER_NAMES: Final = (
     "fast_opendirs",
     "fast_getxattrs",
     "fast_listxattrs",
+    "fast_ioctls",
 )
 (
     READS,
@@ -108,6 +109,7 @@ COUNTER_NAMES: Final = (
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,
+    FAST_IOCTLS,
 ) = range(len(COUNTER_NAMES))
 FAST_COUNTERS: Final = COUNTER_NAMES[FAST_OPENDIRS:]
 

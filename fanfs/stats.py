@@ -30,6 +30,7 @@ ROWS: Final = (
     ("xattr_calls", "xattr requests (in Python)", "n"),
     ("fast_getxattrs", "GETXATTR answered in C", "n"),
     ("fast_listxattrs", "LISTXATTR answered in C", "n"),
+    ("fast_ioctls", "IOCTL answered in C (a buffered open's isatty)", "n"),
     ("chunk_reads", "chunk reads", "n"),
     ("object_hits", "object cache hits", "n"),
     ("buffer_hits", "read-ahead buffer hits", "n"),

@@ -7,10 +7,12 @@ listings (which is what makes the counts below able to fail)."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,40 @@ def test_xattr_answers_are_the_same_either_way(
             "fast_getxattrs": 0,
             "xattr_calls": 15 + 3 + per_stats,
         }
+
+
+RECEIVER = getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 5
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+@pytest.mark.parametrize("mode", ["fast", "python"])
+def test_a_buffered_open_is_answered_in_c_with_the_same_errno(
+    mode: str, processes: str, edge_tree: Path, edge_pack: Path, mount_factory: Any
+) -> None:
+    """Python's buffered open() asks isatty(): an IOCTL (TCGETS) per open, even of a file
+    in the page cache. The receiver thread (patch level 5) answers it without waking Python;
+    the program sees ENOTTY either way."""
+    if mode == "fast" and not RECEIVER and os.environ.get("CI") != "true":
+        pytest.skip("needs the fanfs pyfuse3 patch level 5 (tools/setup.sh)")
+    extra = ("--processes", processes) + (() if mode == "fast" else ("--no-fast-paths",))
+    mount: Mount = mount_factory(edge_pack, *extra)
+    rel = Path("sizes") / "text_100"
+    expected = (edge_tree / rel).read_bytes()
+    before = stats(mount)
+    for _ in range(20):
+        with open(mount.mnt / rel, "rb") as f:
+            assert f.read() == expected
+            assert not f.isatty()
+    with open(mount.mnt / rel, "rb", buffering=0) as raw:
+        with pytest.raises(termios.error) as tty:
+            termios.tcgetattr(raw.fileno())
+        assert tty.value.args[0] == errno.ENOTTY
+        with pytest.raises(OSError) as info:
+            fcntl.ioctl(raw.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
+        assert info.value.errno == errno.ENOTTY
+    answered = stats(mount)["fast_ioctls"] - before["fast_ioctls"]
+    # 20 opens' isatty, 20 f.isatty(), tcgetattr, TIOCGWINSZ
+    assert answered == (42 if mode == "fast" else 0)
 
 
 @requires_patch
