@@ -147,9 +147,9 @@ def serve_until_unmounted(
         if ops.info.fast_paths:
             pyfuse3.fanfs_set_fast_paths(True, True, store.shared.fast_counters())
             # After the INIT-only loop and the fork: a loop that stops inside INIT must not
-            # have a receiver thread holding requests it read.
+            # leave requests read in its idle wait and never served.
             if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 5:
-                pyfuse3.fanfs_set_receiver(True)
+                pyfuse3.fanfs_set_idle_wait(True)
         if slot == 0 and ops.info.filler:
             family.filler = fork_filler(
                 pyfuse3, store, ops.info.processes, push=config.prefetch_into == "kernel"

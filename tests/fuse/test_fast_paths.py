@@ -133,8 +133,8 @@ def test_a_buffered_open_is_answered_in_c_with_the_same_errno(
     mode: str, processes: str, edge_tree: Path, edge_pack: Path, mount_factory: Any
 ) -> None:
     """Python's buffered open() asks isatty(): an IOCTL (TCGETS) per open, even of a file
-    in the page cache. The receiver thread (patch level 5) answers it without waking Python;
-    the program sees ENOTTY either way."""
+    in the page cache. Patch level 5 answers it in C (in the idle wait, without waking the
+    trio loop); the program sees ENOTTY either way."""
     if mode == "fast" and not RECEIVER and os.environ.get("CI") != "true":
         pytest.skip("needs the fanfs pyfuse3 patch level 5 (tools/setup.sh)")
     extra = ("--processes", processes) + (() if mode == "fast" else ("--no-fast-paths",))
