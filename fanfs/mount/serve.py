@@ -148,7 +148,7 @@ def serve_until_unmounted(
             pyfuse3.fanfs_set_fast_paths(True, True, store.shared.fast_counters())
             # After the INIT-only loop and the fork: a loop that stops inside INIT must not
             # leave requests read in its idle wait and never served.
-            if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 5:
+            if getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 6:
                 pyfuse3.fanfs_set_idle_wait(True)
         if slot == 0 and ops.info.filler:
             family.filler = fork_filler(

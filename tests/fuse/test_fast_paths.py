@@ -124,7 +124,7 @@ def test_xattr_answers_are_the_same_either_way(
         }
 
 
-RECEIVER = getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 5
+IDLE_WAIT = getattr(pyfuse3, "FANFS_PATCH_LEVEL", 0) >= 6
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
@@ -133,10 +133,10 @@ def test_a_buffered_open_is_answered_in_c_with_the_same_errno(
     mode: str, processes: str, edge_tree: Path, edge_pack: Path, mount_factory: Any
 ) -> None:
     """Python's buffered open() asks isatty(): an IOCTL (TCGETS) per open, even of a file
-    in the page cache. Patch level 5 answers it in C (in the idle wait, without waking the
+    in the page cache. Patch level 6 answers it in C (in the idle wait, without waking the
     trio loop); the program sees ENOTTY either way."""
-    if mode == "fast" and not RECEIVER and os.environ.get("CI") != "true":
-        pytest.skip("needs the fanfs pyfuse3 patch level 5 (tools/setup.sh)")
+    if mode == "fast" and not IDLE_WAIT and os.environ.get("CI") != "true":
+        pytest.skip("needs the fanfs pyfuse3 patch level 6 (tools/setup.sh)")
     extra = ("--processes", processes) + (() if mode == "fast" else ("--no-fast-paths",))
     mount: Mount = mount_factory(edge_pack, *extra)
     rel = Path("sizes") / "text_100"
