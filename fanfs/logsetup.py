@@ -52,11 +52,15 @@ def setup_logging(
         )
         handler.addFilter(_lower_level)
     handler.addFilter(LogOnceFilter())
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.propagate = False
+    # pyfuse3's own warnings (a reply that failed, the patch's fallbacks) go to the same
+    # place: a daemon's stderr is /dev/null.
+    for logger in (root, logging.getLogger("pyfuse3")):
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
     root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    logging.getLogger("pyfuse3").setLevel(logging.DEBUG if debug else logging.WARNING)
     if not debug:
         # Disabled DEBUG calls on hot paths then cost one integer comparison.
         logging.disable(logging.DEBUG)

@@ -158,6 +158,50 @@ def test_a_buffered_open_is_answered_in_c_with_the_same_errno(
     assert answered == (42 if mode == "fast" else 0)
 
 
+# Makes the pyfuse3 of every Python process started with it see a trio without the private
+# attribute the idle wait reads (as a trio release that renamed it would).
+TRIO_WITHOUT_EPOLL = """
+import types
+
+import pyfuse3
+import trio
+
+
+class _Trio(types.ModuleType):
+    def __getattr__(self, name):
+        if name == "_core":
+            raise AttributeError(name)
+        return getattr(trio, name)
+
+
+pyfuse3.trio = _Trio("trio")
+"""
+
+
+def test_without_trios_epoll_the_mount_serves_without_the_idle_wait(
+    edge_tree: Path, edge_pack: Path, mount_factory: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    if not IDLE_WAIT and os.environ.get("CI") != "true":
+        pytest.skip("needs the fanfs pyfuse3 patch level 6 (tools/setup.sh)")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(TRIO_WITHOUT_EPOLL)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    )
+    mount: Mount = mount_factory(edge_pack, "--processes", "1")
+    rel = Path("sizes") / "text_100"
+    before = stats(mount)
+    for _ in range(5):
+        with open(mount.mnt / rel, "rb") as f:
+            assert f.read() == (edge_tree / rel).read_bytes()
+    with open(mount.mnt / rel, "rb", buffering=0) as raw, pytest.raises(termios.error) as tty:
+        termios.tcgetattr(raw.fileno())
+    assert tty.value.args[0] == errno.ENOTTY
+    assert stats(mount)["fast_ioctls"] == before["fast_ioctls"]
+    assert "fanfs idle wait: this trio" in mount.log_text()
+
+
 @requires_patch
 def test_ls_l_costs_the_daemon_no_xattr_call_per_file(edge_pack: Path, mount_factory: Any) -> None:
     mount: Mount = mount_factory(edge_pack)
