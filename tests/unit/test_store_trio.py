@@ -304,6 +304,9 @@ def test_chunks_in_the_page_cache_are_decoded_without_a_thread(pack: Path) -> No
         counters = store.shared.counters
         assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
         assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 0)
+        # The pack was just written: its pages may still be dirty, and DONTNEED drops only
+        # clean ones (CI once saw the read stay inline).
+        os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
         assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 1)  # again
