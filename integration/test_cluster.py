@@ -35,6 +35,7 @@ import pytest
 from fanfs.cluster.remote import BACKOFF_MAX_S, BACKOFF_MIN_S
 from integration.conftest import MpiJob, fanfs_test_mounts, run_with_deadline
 from tests.conftest import run_fanfs
+from tests.pagecache import drop_from_page_cache
 from tests.treegen import make_dataset
 
 pytestmark = [
@@ -105,7 +106,7 @@ def reread_uncached(path: Path) -> str:
     (POSIX_FADV_DONTNEED on this file only: no global drop_caches in tests)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        drop_from_page_cache(fd)
         chunks = []
         while piece := os.read(fd, 1 << 20):
             chunks.append(piece)

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TEST_CHUNK_SIZE, Mount, run_fanfs
+from tests.pagecache import drop_from_page_cache
 from tests.treegen import make_dataset
 
 pytestmark = pytest.mark.fuse
@@ -47,10 +48,6 @@ MODES = {
 
 def stats(mnt: Path) -> dict[str, Any]:
     return json.loads(os.getxattr(mnt, "user.fanfs.stats"))
-
-
-def drop_cached_pages(fd: int) -> None:
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def assert_clean_log(mount: Mount) -> None:
@@ -134,7 +131,7 @@ def test_pread_matches_source(
     )
     how = data.draw(st.sampled_from(["cached", "dropped", "direct"]), label="how")
     if how == "dropped":
-        drop_cached_pages(mnt_fd)
+        drop_from_page_cache(mnt_fd)
     fd = direct_fd if how == "direct" else mnt_fd
     assert os.pread(fd, length, offset) == os.pread(src_fd, length, offset)
 
@@ -142,7 +139,7 @@ def test_pread_matches_source(
 def _read_in_blocks(path: Path, block: int, flags: int = 0) -> bytes:
     parts = []
     with open(os.open(path, os.O_RDONLY | flags), "rb", buffering=0) as f:
-        drop_cached_pages(f.fileno())
+        drop_from_page_cache(f.fileno())
         while chunk := f.read(block):
             assert len(chunk) <= block
             parts.append(chunk)
@@ -179,7 +176,7 @@ def test_shared_mmap(mode_mount: Mount, edge_tree: Path) -> None:
         expected = (edge_tree / "sizes" / name).read_bytes()
         fd = os.open(mode_mount.mnt / "sizes" / name, os.O_RDONLY)
         try:
-            drop_cached_pages(fd)
+            drop_from_page_cache(fd)
             with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
                 assert len(m) == len(expected)
                 for k in range(1, len(expected) // CS + 1):  # straddle every chunk boundary first

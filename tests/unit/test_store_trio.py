@@ -5,9 +5,7 @@ milliseconds instead of in a mount."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 import shutil
 import threading
@@ -26,6 +24,7 @@ from fanfs.format.reader import PackReader
 from fanfs.shared import SharedState
 from fanfs.store import ChunkStore
 from tests.conftest import entry_at, open_reader, run_fanfs
+from tests.pagecache import drop_from_page_cache
 from tests.treegen import label_text, write_tree
 
 CHUNK = 64 * 1024
@@ -287,37 +286,6 @@ def test_counters_do_not_depend_on_the_readers_interleaving(pack: Path) -> None:
     # buffer_budget=0: nothing is kept, so a chunk is decoded again only when the two groups
     # did not overlap on it; never more than once per reader.
     assert len(work) <= store.shared.counters[sh.THREAD_DECODES] <= 2 * len(work)
-
-
-def cached_pages(fd: int) -> int:
-    """How many of the file's pages the page cache holds (mincore on a mapping that is never
-    touched: unlike a probing read, it brings nothing in)."""
-    size = os.fstat(fd).st_size
-    page = os.sysconf("SC_PAGESIZE")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-    try:
-        vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
-        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
-        return sum(b & 1 for b in vec)
-    finally:
-        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-
-
-def drop_from_page_cache(fd: int) -> None:
-    """POSIX_FADV_DONTNEED until the kernel has really dropped the file's pages (it may keep
-    some for a moment: CI once saw a read after one DONTNEED find them all)."""
-    deadline = time.monotonic() + 5
-    while True:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if not cached_pages(fd):
-            return
-        assert time.monotonic() < deadline, "the kernel keeps the pack in its page cache"
-        time.sleep(0.05)
 
 
 def test_chunks_in_the_page_cache_are_decoded_without_a_thread(pack: Path) -> None:
