@@ -16,11 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 
 import numpy as np
 
 from fanfs._sizes import format_size
+from fanfs.format.layout import crc32
 from fanfs.sample import generate
 
 
@@ -31,7 +31,7 @@ def _read_files(paths: list[str]) -> tuple[int, int]:
         with open(path, "rb") as f:
             data = f.read()
         total += len(data)
-        digest ^= zlib.crc32(data)
+        digest ^= crc32(data)
     return total, digest
 
 

@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import sys
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -42,6 +41,7 @@ from fanfs.format.layout import (
     bind_chunk_crc,
     chunk_count,
     chunk_length,
+    crc32,
     storage_unit,
     storage_units,
 )
@@ -204,7 +204,7 @@ def _compress_batch(
         elif isinstance(data, bytes):
             codec, stored = compress_object(data, task.spec, task.dictionary)
             digest = hashlib.blake2b(stored, digest_size=8).digest()
-            out.append((codec, stored, zlib.crc32(stored), int.from_bytes(digest, "little")))
+            out.append((codec, stored, crc32(stored), int.from_bytes(digest, "little")))
         else:
             out.append(data)
     return out
@@ -475,7 +475,7 @@ class Packer:
         while len(self._solid_pending) > lag:
             block, future = self._solid_pending.popleft()
             codec, stored = future.result()
-            crc = zlib.crc32(stored)
+            crc = crc32(stored)
             dict_id = self.dict_ids.get(block.cls, 0) if codec != 0 else 0
             partition, offset, _ = writer.add_chunk(stored, block.broadcast)
             for row, skip in block.members:

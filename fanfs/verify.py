@@ -13,7 +13,6 @@ import json
 import os
 import stat
 import sys
-import zlib
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from fanfs._progress import Progress
 from fanfs._sizes import format_size
 from fanfs.compression import decompress
 from fanfs.errors import CorruptDataError
-from fanfs.format.layout import chunk_crc, partition_name
+from fanfs.format.layout import chunk_crc, crc32, partition_name
 from fanfs.format.reader import SCAN_BYTES, PackReader
 from fanfs.pack import display, summary_table
 
@@ -212,7 +211,7 @@ def _scan_partition(
         nonlocal crc, pos
         while pos < end:
             piece = reader.read_range(number, pos, min(SCAN_BYTES, size - pos))
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
             window.extend(piece)
             pos += len(piece)
             progress.advance(len(piece))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,6 +23,7 @@ from fanfs.errors import ClusterInitError, FanfsError, PackFormatError
 from fanfs.format.layout import (
     INDEX_NAME,
     MANIFEST_NAME,
+    crc32,
     open_pack_file,
     partition_name,
 )
@@ -88,7 +88,7 @@ def _share_head(transport: Any, pack: str, cache_dir: str) -> tuple[str, bytes]:
     _agree(transport, error)
     manifest = transport.bcast_blob(head[0] if head else None)
     index = transport.bcast_blob(head[1] if head else None)
-    stage_dir = os.path.join(cache_dir, "pack-%08x" % zlib.crc32(manifest))
+    stage_dir = os.path.join(cache_dir, "pack-%08x" % crc32(manifest))
     error = None
     try:
         private_dir(stage_dir)
@@ -123,7 +123,7 @@ def _copy_partition(
         os.fdopen(create_new(dst + ".tmp"), "wb") as fout,
     ):
         while piece := fin.read(COPY_PIECE):
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
             fout.write(piece)
             copied += len(piece)
             progress.advance(len(piece))
@@ -223,7 +223,7 @@ def _stage_broadcast(
             try:
                 data = _read_pack_file(pack, partition_name(n))
                 result.shared_fs_bytes += len(data)
-                if len(data) != part["size"] or zlib.crc32(data) != part["crc32"]:
+                if len(data) != part["size"] or crc32(data) != part["crc32"]:
                     raise PackFormatError(
                         "%s: partition %s is corrupt or truncated in the pack"
                         % (pack, partition_name(n))

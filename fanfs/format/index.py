@@ -20,7 +20,6 @@ import queue
 import stat
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -38,6 +37,7 @@ from fanfs.format.layout import (
     INDEX_NAME,
     PLAIN_FORMAT_VERSION,
     SOLID_COLUMNS,
+    crc32,
     index_columns,
     open_pack_file,
 )
@@ -156,7 +156,7 @@ class _Crc32Behind:
     def _run(self) -> None:
         start = 0
         while (end := self._ends.get()) is not None:
-            self._crc = zlib.crc32(self._view[start:end], self._crc)
+            self._crc = crc32(self._view[start:end], self._crc)
             start = end
 
     def advance(self, end: int) -> None:

@@ -16,10 +16,14 @@ import os
 import resource
 import stat
 import struct
-import zlib
 from typing import Any, Final
 
 import numpy as np
+
+# zlib's crc32, the same values (tests check them against the standard library's), from
+# zlib-ng: 30x faster than Debian 12's zlib 1.2.13 on a 100 KB chunk (2 against 58 us),
+# where the checksum took 13% of a serving process's CPU in a cold epoch (perf).
+from zlib_ng.zlib_ng import crc32
 
 from fanfs.errors import PackFormatError, UsageError
 
@@ -110,14 +114,14 @@ def chunk_crc(stored: bytes | memoryview, chunk: int, binds: bool) -> int:
     format version 4 (`binds`) continued over its chunk id as 8 bytes little-endian, which
     ties the bytes to their (file, chunk number): a chunk moved, swapped or copied to another
     place in the pack no longer matches (docs/format.md section 8)."""
-    crc = zlib.crc32(stored)
+    crc = crc32(stored)
     return bind_chunk_crc(crc, chunk) if binds else crc
 
 
 def bind_chunk_crc(crc: int, chunk: int) -> int:
     """Format 4's chunk checksum from the plain crc32 of the stored bytes (the pack writer
     learns a chunk's id only once it is placed)."""
-    return zlib.crc32(_CHUNK_ID.pack(chunk), crc)
+    return crc32(_CHUNK_ID.pack(chunk), crc)
 
 
 def index_columns(version: int) -> tuple[tuple[str, str], ...]:
@@ -217,7 +221,7 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
     `format_version`, FORMAT_VERSION if it has none)."""
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     version = manifest.get("format_version", FORMAT_VERSION)
-    return MANIFEST_HEADER.pack(MAGIC, version, len(body), zlib.crc32(body)) + body
+    return MANIFEST_HEADER.pack(MAGIC, version, len(body), crc32(body)) + body
 
 
 def raise_open_file_limit(needed: int) -> None:

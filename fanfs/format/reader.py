@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import zlib
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
@@ -31,6 +30,7 @@ from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
 from fanfs.format.layout import (
     chunk_length,
+    crc32,
     file_chunk_size,
     open_pack_file,
     partition_name,
@@ -103,7 +103,7 @@ class PackReader:
         blob = self.index.arrays["dicts"]
         start, size = meta["offset"], meta["size"]
         data = blob[start : start + size].tobytes()
-        if len(data) != size or zlib.crc32(data) != meta["crc32"]:
+        if len(data) != size or crc32(data) != meta["crc32"]:
             raise PackFormatError(
                 "%s: dictionary %d does not match the index" % (self.path, number)
             )
@@ -261,6 +261,6 @@ class PackReader:
             data = os.pread(fd, SCAN_BYTES, offset)
             if not data:
                 break
-            crc = zlib.crc32(data, crc)
+            crc = crc32(data, crc)
             offset += len(data)
         return crc == self.partitions[number]["crc32"]

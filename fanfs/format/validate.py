@@ -33,7 +33,6 @@ import json
 import os
 import stat
 import threading
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -51,6 +50,7 @@ from fanfs.format.layout import (
     MAX_MANIFEST_CONTAINERS,
     READABLE_VERSIONS,
     chunk_usizes,
+    crc32,
     file_chunk_sizes,
     index_columns,
     open_pack_file,
@@ -834,7 +834,7 @@ def read_manifest(pack_dir: str) -> dict[str, Any]:
             % (pack_dir, version, FORMAT_VERSION)
         )
     body = raw[MANIFEST_HEADER.size :]
-    if len(body) != length or zlib.crc32(body) != crc:
+    if len(body) != length or crc32(body) != crc:
         raise PackFormatError("%s: manifest is truncated or corrupt" % pack_dir)
     if body.count(b"{") + body.count(b"[") > MAX_MANIFEST_CONTAINERS:
         raise PackFormatError(

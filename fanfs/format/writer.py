@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import zlib
 from array import array
 from typing import Any, Final
 
@@ -41,6 +40,7 @@ from fanfs.format.layout import (
     INDEX_NAME,
     MANIFEST_NAME,
     PLAIN_FORMAT_VERSION,
+    crc32,
     encode_manifest,
     partition_name,
     raise_open_file_limit,
@@ -158,7 +158,7 @@ class PackWriter:
                 "id": dict_id,
                 "offset": len(self._dict_blob),
                 "size": len(data),
-                "crc32": zlib.crc32(data),
+                "crc32": crc32(data),
                 "class": class_name,
             }
         )
@@ -204,7 +204,7 @@ class PackWriter:
             part.buffer += stored
             self._dirty.add(number)
         part.size += len(stored)
-        part.crc32 = zlib.crc32(stored, part.crc32)
+        part.crc32 = crc32(stored, part.crc32)
         part.chunks += 1
         heapq.heapreplace(heap, (part.size, number))
         return number, offset
@@ -290,7 +290,7 @@ class PackWriter:
             os.fsync(out)
             size = crc = 0
             while piece := os.pread(out, _BUFFER_MAX, size):
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 size += len(piece)
         finally:
             os.close(out)
@@ -308,7 +308,7 @@ class PackWriter:
                 descriptors.append(descriptor)
                 for piece in (data, pad):
                     _write_all(fd, piece)
-                    crc = zlib.crc32(piece, crc)
+                    crc = crc32(piece, crc)
                     size += len(piece)
             os.fsync(fd)
         finally:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 
-from fanfs.format.layout import chunk_count, chunk_length, storage_unit
+from fanfs.format.layout import chunk_count, chunk_length, crc32, storage_unit
 from fanfs.optimizer.classes import FileRef, build_classes, class_of
 
 # Every class gets at least this share of the sample budget whatever its size, so small
@@ -183,7 +182,7 @@ def sample_classes(
         read = want
         if sizes and float(np.median(sizes)) <= DICT_MAX_OBJECT_BYTES:
             read = max(want, min(cls.total_bytes, DICT_SAMPLE_BYTES))
-        rng = np.random.default_rng([seed, zlib.crc32(cls.name.encode())])
+        rng = np.random.default_rng([seed, crc32(cls.name.encode())])
         got = 0
         for f, k, offset, length in _pick_units(
             members[cls.name], chunk_size, block_size, read, rng

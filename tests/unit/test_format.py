@@ -15,6 +15,7 @@ import shutil
 import stat
 import struct
 import tarfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from fanfs.format.layout import (
     chunk_count,
     chunk_crc,
     chunk_length,
+    crc32,
 )
 from fanfs.format.reader import PackReader
 from fanfs.pack import PackOptions, glob_to_regex, run_pack
@@ -45,6 +47,34 @@ from tests.treegen import write_tree as _write_tree
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CHUNK = 4096
+
+
+# --- the checksum ---------------------------------------------------------------------------------
+
+
+@given(
+    st.binary(max_size=70_000),
+    st.integers(0, 0xFFFFFFFF),
+    st.integers(0, 64),
+    st.sampled_from(["bytes", "memoryview", "bytearray"]),
+)
+def test_crc32_is_zlibs(data: bytes, start: int, skip: int, kind: str) -> None:
+    """The format's checksum is zlib's crc32 (packs written by earlier versions, and by any
+    other tool that follows docs/format.md, must keep matching): the faster implementation
+    fanfs uses gives the standard library's values, continued from any value, on every
+    buffer type the read path hands it (a memoryview slice of a preloaded partition)."""
+    buffer: bytes | bytearray | memoryview = data
+    if kind == "memoryview":
+        buffer = memoryview(b"x" * skip + data)[skip:]
+    elif kind == "bytearray":
+        buffer = bytearray(data)
+    assert crc32(buffer) == zlib.crc32(data)
+    assert crc32(buffer, start) == zlib.crc32(data, start)
+
+
+def test_crc32_of_a_large_buffer() -> None:
+    data = random.Random(3).randbytes(5 << 20)  # past any size where an implementation switches
+    assert crc32(data) == zlib.crc32(data) and crc32(data[1:]) == zlib.crc32(data[1:])
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ ALLOWED = {
     "zstandard": {"compression"},
     "lz4": {"compression"},
     "brotli": {"compression"},
+    "zlib_ng": {"layout"},
 }
 
 
