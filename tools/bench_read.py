@@ -15,7 +15,9 @@ extra ioctl per file from isatty); `unbuffered` is `os.open` + `os.readv` into a
 buffer until EOF (no ioctl, no fstat, no allocation). Epochs: `cold` comes right after
 `sync; echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries and inodes of all systems;
 a FUSE daemon's own memory is kept, by design); `warm` comes right after an untimed epoch of
-the same system and style (its cold epoch comes just before). Systems are interleaved in
+the same system and style (its cold epoch comes just before) and reads every file
+`--warm-passes` times (default 3), its time divided by that: one warm pass is too short to
+time on a shared machine. Systems are interleaved in
 rotation within each repeat, so noise on a shared machine hits all of them alike; an epoch
 during which another process dropped the page cache (/proc/vmstat) is run again.
 
@@ -124,17 +126,19 @@ def _reader_main(
     indices: Sequence[int],
     style: str,
     hashing: bool,
+    passes: int,
     barrier: Any,
     conn: mpc.Connection,
 ) -> None:
-    """Reader process body: wait at the barrier, read `indices` in order, send a report."""
+    """Reader process body: wait at the barrier, read `indices` in order `passes` times,
+    send a report."""
     read = _make_reader(style)
     errors: list[str] = []
     digests: dict[int, bytes] = {}
     file_count = byte_count = error_count = 0
     barrier.wait(BARRIER_TIMEOUT_S)
     start_ns = time.perf_counter_ns()
-    for i in indices:
+    for i in [i for _ in range(passes) for i in indices]:
         hasher = hashlib.sha256() if hashing else None
         try:
             n = read(paths[i], hasher)
@@ -173,8 +177,10 @@ def run_epoch(
     *,
     hashing: bool,
     timeout_s: float,
+    passes: int = 1,
 ) -> EpochRun:
-    """Fork one reader per slice, release them together, and time first start to last end.
+    """Fork one reader per slice, release them together, and time first start to last end
+    (each reader reads its slice `passes` times).
 
     Raises BenchError if a reader died, timed out, or any file failed or came back short.
     """
@@ -188,7 +194,7 @@ def run_epoch(
             proc = ctx.Process(
                 target=_reader_main,
                 daemon=True,
-                args=(paths, sizes, indices, style, hashing, barrier, send),
+                args=(paths, sizes, indices, style, hashing, passes, barrier, send),
             )
             proc.start()
             send.close()
@@ -198,7 +204,7 @@ def run_epoch(
         reports = _collect(conns, timeout_s)
     finally:
         _stop(procs)
-    return _check_reports(reports, paths, sizes)
+    return _check_reports(reports, paths, sizes, passes)
 
 
 def _collect(conns: list[mpc.Connection], timeout_s: float) -> list[WorkerReport]:
@@ -227,7 +233,7 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
 
 
 def _check_reports(
-    reports: list[WorkerReport], paths: Sequence[str], sizes: Sequence[int]
+    reports: list[WorkerReport], paths: Sequence[str], sizes: Sequence[int], passes: int
 ) -> EpochRun:
     error_count = sum(r.error_count for r in reports)
     if error_count:
@@ -237,10 +243,10 @@ def _check_reports(
         )
     file_count = sum(r.file_count for r in reports)
     byte_count = sum(r.byte_count for r in reports)
-    if file_count != len(paths) or byte_count != sum(sizes):
+    if file_count != passes * len(paths) or byte_count != passes * sum(sizes):
         raise bl.BenchError(
             "read %d files, %d bytes; expected %d files, %d bytes"
-            % (file_count, byte_count, len(paths), sum(sizes))
+            % (file_count, byte_count, passes * len(paths), passes * sum(sizes))
         )
     elapsed_ns = max(r.end_ns for r in reports) - min(r.start_ns for r in reports)
     digests = {i: d for r in reports for i, d in r.digests.items()}
@@ -261,16 +267,18 @@ class Plan:
     epochs: list[str]
     repeats: int
     timeout_s: float
+    warm_passes: int
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    def epoch(self, system: str, style: str, *, hashing: bool = False) -> EpochRun:
+    def epoch(self, system: str, style: str, *, hashing: bool = False, passes: int = 1) -> EpochRun:
         return run_epoch(
             self.paths[system],
             self.dataset.sizes,
             self.slices,
             style,
             hashing=hashing,
-            timeout_s=self.timeout_s,
+            timeout_s=self.timeout_s * passes,
+            passes=passes,
         )
 
 
@@ -280,7 +288,16 @@ def make_plan(
     perm = np.random.default_rng(args.seed).permutation(len(dataset.relpaths))
     slices = [perm[i :: args.readers].tolist() for i in range(args.readers)]
     paths = {s.name: [os.path.join(s.root, rel) for rel in dataset.relpaths] for s in setups}
-    return Plan(dataset, paths, slices, args.styles, args.epochs, args.repeats, args.epoch_timeout)
+    return Plan(
+        dataset,
+        paths,
+        slices,
+        args.styles,
+        args.epochs,
+        args.repeats,
+        args.epoch_timeout,
+        args.warm_passes,
+    )
 
 
 def verify_contents(plan: Plan, systems: Sequence[str]) -> None:
@@ -327,8 +344,9 @@ def run_schedule(plan: Plan, systems: Sequence[str]) -> None:
 def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> dict[str, Any]:
     """Prepare the caches for `kind` (drop them, or an untimed warm-up epoch), then time one
     epoch (again if someone else on the machine dropped the page cache meanwhile)."""
+    passes = plan.warm_passes if kind == "warm" else 1
     run, attempt, disturbed = bl.run_undisturbed(
-        lambda: plan.epoch(system, style),
+        lambda: plan.epoch(system, style, passes=passes),
         cold=kind == "cold",
         warm_up=(lambda: plan.epoch(system, style)) if kind == "warm" else None,
     )
@@ -342,7 +360,8 @@ def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> di
         "epoch": kind,
         "style": style,
         "system": system,
-        "elapsed_s": run.elapsed_s,
+        "elapsed_s": run.elapsed_s / passes,  # per pass over the files
+        "passes": passes,
         "file_count": run.file_count,
         "byte_count": run.byte_count,
         "attempts": attempt,
@@ -455,6 +474,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bl.add_list_arg(p, "--styles", STYLES)
     bl.add_list_arg(p, "--epochs", bl.EPOCHS)
     p.add_argument("--seed", type=int, default=0, help="dataset and read-order seed")
+    p.add_argument(
+        "--warm-passes",
+        type=int,
+        default=3,
+        help="a timed warm epoch reads every file this many times (default 3: a single pass "
+        "of 20,000 warm files takes well under a second, too short to time on a busy machine)",
+    )
     bl.add_fanfs_args(p, mount_help="extra `fanfs mount` args")
     bl.add_erofs_args(p)
     p.add_argument("--no-hash", action="store_true", help="skip the sha256 content check")
@@ -467,8 +493,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--systems fanfs-base and --baseline-tree DIR go together")
     if args.baseline_tree is not None and not (args.baseline_tree / "fanfs").is_dir():
         p.error("--baseline-tree %s has no fanfs package" % args.baseline_tree)
-    if args.readers < 1 or args.repeats < 1 or args.files < 1:
-        p.error("--readers, --repeats and --files must be positive")
+    if min(args.readers, args.repeats, args.files, args.warm_passes) < 1:
+        p.error("--readers, --repeats, --files and --warm-passes must be positive")
     args.command_line = bl.command_line(argv, __file__)
     return args
 
