@@ -11,7 +11,7 @@ import os
 import signal
 from typing import Any, Final
 
-from fanfs._memory import available_memory
+from fanfs._memory import available_memory, process_tree_memory
 from fanfs.errors import FanfsError
 from fanfs.format.reader import PackReader
 from fanfs.mount.family import Family, fork_filler, fork_servers, serving_processes, watch_family
@@ -60,7 +60,8 @@ def serve(
         os._exit(0)
     pyfuse3.close(unmount=True)
     family.reap()
-    log.info("unmounted %s; statistics: %s", config.mountpoint, ops.statistics())
+    stats = ops.statistics(process_tree_memory(os.getpid()))
+    log.info("unmounted %s; statistics: %s", config.mountpoint, stats)
     return 0
 
 
