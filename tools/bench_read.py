@@ -14,10 +14,11 @@ finish). Reader styles: `buffered` is `open(p, 'rb').read()` as PIL, numpy and t
 extra ioctl per file from isatty); `unbuffered` is `os.open` + `os.readv` into a reused 1 MiB
 buffer until EOF (no ioctl, no fstat, no allocation). Epochs: `cold` comes right after
 `sync; echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries and inodes of all systems;
-a FUSE daemon's own memory is kept, by design); `warm` comes right after an untimed epoch of
-the same system and style (its cold epoch comes just before) and reads every file
-`--warm-passes` times (default 3), its time divided by that: one warm pass is too short to
-time on a shared machine. Systems are interleaved in
+a FUSE daemon's own memory is kept, by design). `warm` epochs come after every system's
+cold epoch and one untimed epoch of each, and are interleaved: `--warm-passes` rounds, each
+one epoch of every system (in a rotating order), the median of a system's passes being its
+warm time (one warm epoch lasts well under a second: alone, it times the machine's bursts
+more than the system). Systems are interleaved in
 rotation within each repeat, so noise on a shared machine hits all of them alike; an epoch
 during which another process dropped the page cache (/proc/vmstat) is run again.
 
@@ -126,19 +127,17 @@ def _reader_main(
     indices: Sequence[int],
     style: str,
     hashing: bool,
-    passes: int,
     barrier: Any,
     conn: mpc.Connection,
 ) -> None:
-    """Reader process body: wait at the barrier, read `indices` in order `passes` times,
-    send a report."""
+    """Reader process body: wait at the barrier, read `indices` in order, send a report."""
     read = _make_reader(style)
     errors: list[str] = []
     digests: dict[int, bytes] = {}
     file_count = byte_count = error_count = 0
     barrier.wait(BARRIER_TIMEOUT_S)
     start_ns = time.perf_counter_ns()
-    for i in [i for _ in range(passes) for i in indices]:
+    for i in indices:
         hasher = hashlib.sha256() if hashing else None
         try:
             n = read(paths[i], hasher)
@@ -177,10 +176,8 @@ def run_epoch(
     *,
     hashing: bool,
     timeout_s: float,
-    passes: int = 1,
 ) -> EpochRun:
-    """Fork one reader per slice, release them together, and time first start to last end
-    (each reader reads its slice `passes` times).
+    """Fork one reader per slice, release them together, and time first start to last end.
 
     Raises BenchError if a reader died, timed out, or any file failed or came back short.
     """
@@ -194,7 +191,7 @@ def run_epoch(
             proc = ctx.Process(
                 target=_reader_main,
                 daemon=True,
-                args=(paths, sizes, indices, style, hashing, passes, barrier, send),
+                args=(paths, sizes, indices, style, hashing, barrier, send),
             )
             proc.start()
             send.close()
@@ -204,7 +201,7 @@ def run_epoch(
         reports = _collect(conns, timeout_s)
     finally:
         _stop(procs)
-    return _check_reports(reports, paths, sizes, passes)
+    return _check_reports(reports, paths, sizes)
 
 
 def _collect(conns: list[mpc.Connection], timeout_s: float) -> list[WorkerReport]:
@@ -233,7 +230,7 @@ def _stop(procs: list[mp.process.BaseProcess]) -> None:
 
 
 def _check_reports(
-    reports: list[WorkerReport], paths: Sequence[str], sizes: Sequence[int], passes: int
+    reports: list[WorkerReport], paths: Sequence[str], sizes: Sequence[int]
 ) -> EpochRun:
     error_count = sum(r.error_count for r in reports)
     if error_count:
@@ -243,10 +240,10 @@ def _check_reports(
         )
     file_count = sum(r.file_count for r in reports)
     byte_count = sum(r.byte_count for r in reports)
-    if file_count != passes * len(paths) or byte_count != passes * sum(sizes):
+    if file_count != len(paths) or byte_count != sum(sizes):
         raise bl.BenchError(
             "read %d files, %d bytes; expected %d files, %d bytes"
-            % (file_count, byte_count, passes * len(paths), passes * sum(sizes))
+            % (file_count, byte_count, len(paths), sum(sizes))
         )
     elapsed_ns = max(r.end_ns for r in reports) - min(r.start_ns for r in reports)
     digests = {i: d for r in reports for i, d in r.digests.items()}
@@ -270,15 +267,14 @@ class Plan:
     warm_passes: int
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    def epoch(self, system: str, style: str, *, hashing: bool = False, passes: int = 1) -> EpochRun:
+    def epoch(self, system: str, style: str, *, hashing: bool = False) -> EpochRun:
         return run_epoch(
             self.paths[system],
             self.dataset.sizes,
             self.slices,
             style,
             hashing=hashing,
-            timeout_s=self.timeout_s * passes,
-            passes=passes,
+            timeout_s=self.timeout_s,
         )
 
 
@@ -327,46 +323,94 @@ def verify_contents(plan: Plan, systems: Sequence[str]) -> None:
 
 
 def run_schedule(plan: Plan, systems: Sequence[str]) -> None:
-    """Timed epochs: per repeat and style, every system in a rotated order, all epoch kinds.
+    """Timed epochs: per repeat and style, every system in a rotated order.
 
-    A system's warm epoch follows its own cold one, so its untimed warm-up costs a warm
-    epoch, not a cold one.
+    Cold epochs one system after another, each right after a drop of the page cache; then
+    the warm epochs interleaved (`_warm_epochs`).
     """
     for rep in range(plan.repeats):
         shift = rep % len(systems)
         order = [*systems[shift:], *systems[:shift]]
         for style in plan.styles:
-            for system in order:
-                for kind in plan.epochs:
-                    plan.records.append(_timed_epoch(plan, system, style, kind, rep))
+            if "cold" in plan.epochs:
+                for system in order:
+                    plan.records.append(_cold_epoch(plan, system, style, rep))
+            if "warm" in plan.epochs:
+                plan.records.extend(_warm_epochs(plan, order, style, rep))
 
 
-def _timed_epoch(plan: Plan, system: str, style: str, kind: str, rep: int) -> dict[str, Any]:
-    """Prepare the caches for `kind` (drop them, or an untimed warm-up epoch), then time one
-    epoch (again if someone else on the machine dropped the page cache meanwhile)."""
-    passes = plan.warm_passes if kind == "warm" else 1
-    run, attempt, disturbed = bl.run_undisturbed(
-        lambda: plan.epoch(system, style, passes=passes),
-        cold=kind == "cold",
-        warm_up=(lambda: plan.epoch(system, style)) if kind == "warm" else None,
-    )
+def _warm_epochs(plan: Plan, order: Sequence[str], style: str, rep: int) -> list[dict[str, Any]]:
+    """Every system warmed by an untimed epoch, then `--warm-passes` timed epochs of each,
+    one system after another in a rotating order: a warm epoch of 20,000 files lasts well
+    under a second, and a burst of load on a shared machine then hits every system alike.
+    A system's warm time is the median of its passes (all again if someone else dropped the
+    page cache meanwhile)."""
+
+    def passes() -> dict[str, list[EpochRun]]:
+        for system in order:
+            plan.epoch(system, style)
+        runs: dict[str, list[EpochRun]] = {system: [] for system in order}
+        for k in range(plan.warm_passes):
+            turn = k % len(order)
+            for system in [*order[turn:], *order[:turn]]:
+                runs[system].append(plan.epoch(system, style))
+        return runs
+
+    runs, attempt, disturbed = bl.run_undisturbed(passes, cold=False)
+    return [
+        _record(
+            plan,
+            rep,
+            "warm",
+            style,
+            system,
+            runs[system][0],
+            statistics.median(run.elapsed_s for run in runs[system]),
+            attempt,
+            disturbed,
+            pass_times_s=[run.elapsed_s for run in runs[system]],
+        )
+        for system in order
+    ]
+
+
+def _cold_epoch(plan: Plan, system: str, style: str, rep: int) -> dict[str, Any]:
+    """Drop the caches, then time one epoch (again if someone else on the machine dropped
+    the page cache meanwhile)."""
+    run, attempt, disturbed = bl.run_undisturbed(lambda: plan.epoch(system, style), cold=True)
+    return _record(plan, rep, "cold", style, system, run, run.elapsed_s, attempt, disturbed)
+
+
+def _record(
+    plan: Plan,
+    rep: int,
+    kind: str,
+    style: str,
+    system: str,
+    run: EpochRun,
+    elapsed_s: float,
+    attempt: int,
+    disturbed: bool,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Log one timed cell and return its record (`elapsed_s`: the time it counts for)."""
     bl.log(
         "repeat %d/%d %-4s %-10s %-10s %6d files %7.2f s %8.0f files/s %7.1f MB/s",
-        *(rep + 1, plan.repeats, kind, style, system, run.file_count, run.elapsed_s),
-        *(run.file_count / run.elapsed_s, run.byte_count / run.elapsed_s / 1e6),
+        *(rep + 1, plan.repeats, kind, style, system, run.file_count, elapsed_s),
+        *(run.file_count / elapsed_s, run.byte_count / elapsed_s / 1e6),
     )
     return {
         "repeat": rep,
         "epoch": kind,
         "style": style,
         "system": system,
-        "elapsed_s": run.elapsed_s / passes,  # per pass over the files
-        "passes": passes,
+        "elapsed_s": elapsed_s,
         "file_count": run.file_count,
         "byte_count": run.byte_count,
         "attempts": attempt,
         "disturbed": disturbed,
         "loadavg_1min_after": os.getloadavg()[0],
+        **extra,
     }
 
 
@@ -477,9 +521,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--warm-passes",
         type=int,
-        default=3,
-        help="a timed warm epoch reads every file this many times (default 3: a single pass "
-        "of 20,000 warm files takes well under a second, too short to time on a busy machine)",
+        default=5,
+        help="timed warm epochs per system, repeat and reader style, interleaved across the "
+        "systems (default 5; their median is the repeat's warm time)",
     )
     bl.add_fanfs_args(p, mount_help="extra `fanfs mount` args")
     bl.add_erofs_args(p)
