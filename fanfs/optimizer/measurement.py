@@ -599,53 +599,39 @@ def confirm(
     seconds: float,
 ) -> float:
     """Measure each class's chosen candidate (`chosen`, in the order of `classes`; the
-    reference of `candidates` needs no confirming: it saw every unit), the largest classes
-    first, within `seconds`: on CONFIRM_UNITS units, then on those `confirm_units` asks for
-    with the seconds left (as many as fit by the candidate's cost so far; a class whose
-    next units would not fit is left). The measurements join `cost.totals` and count in
-    `cost.measure_s`; returns the seconds spent (0: nothing to confirm, or no room)."""
+    reference of `candidates` needs no confirming: it saw every unit) on the units
+    `confirm_units` asks for, the largest classes first, within `seconds`: as many as fit
+    by the candidate's cost so far, and a class whose first CONFIRM_UNITS would not fit is
+    left. The measurements join `cost.totals` and count in `cost.measure_s`; returns the
+    seconds spent (0: nothing to confirm, or no room)."""
     ref = reference_of(candidates)
     spent = 0.0
-    order = sorted(range(len(classes)), key=lambda k: -classes[k].total_bytes)
-    # First every choice on CONFIRM_UNITS (what decides a size win), then more units where
-    # the decode estimate needs them, with the seconds left.
-    for more_for_decode in (False, True):
-        for i in order:
-            cls, cand = classes[i], chosen[i]
-            m = cost.totals.get((cls.name, cand))
-            if cand in (NONE, ref) or m is None:
-                continue
-            units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
-            least = min(CONFIRM_UNITS, len(units))
-            want = least
-            if more_for_decode:
-                want = confirm_units(m, _decode_base(cls, cand, m, ref, cost), len(units))
-            rate = _cost(m) / max(m.raw_bytes, 1)
-            while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
-                seconds - spent
-            ):
-                want -= 1
-            if m.units >= want or want < least:
-                continue
-            more = measure_fn(cls.name, cand, units[m.units : want], cls.dictionary)
-            cost.totals[(cls.name, cand)] = m + more
-            spent += _cost(more)
-            log.debug("%s: %s confirmed on %d units", cls.name, cand, want)
+    for i in sorted(range(len(classes)), key=lambda k: -classes[k].total_bytes):
+        cls, cand = classes[i], chosen[i]
+        m = cost.totals.get((cls.name, cand))
+        if cand in (NONE, ref) or m is None:
+            continue
+        units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
+        ref_m = cost.totals.get((cls.name, ref)) if ref is not None else None
+        ids = _unit_ids(cand, m)
+        base: Sequence[float] = [len(u) for u in units[: m.units]]
+        if ref_m is not None and len(ref_m.unit_decode) >= len(cls.measure_units):
+            base = [ref_m.unit_decode[k] for k in ids]  # the projection's pairing
+        want = confirm_units(m, base, len(units))
+        least = min(CONFIRM_UNITS, len(units))
+        rate = _cost(m) / max(m.raw_bytes, 1)
+        while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
+            seconds - spent
+        ):
+            want -= 1
+        if m.units >= want or want < least:
+            continue
+        more = measure_fn(cls.name, cand, units[m.units : want], cls.dictionary)
+        cost.totals[(cls.name, cand)] = m + more
+        spent += _cost(more)
+        log.debug("%s: %s confirmed on %d units", cls.name, cand, want)
     cost.measure_s += spent
     return spent
-
-
-def _decode_base(
-    cls: ClassSample, cand: Candidate, m: Measurement, ref: Candidate | None, cost: PlanCost
-) -> Sequence[float]:
-    """What the projection of `m`'s decode time scales by, per unit it covers: the
-    reference's decode times on the same units (`_paired_decode`), or their sizes when the
-    reference has no per-unit times."""
-    ref_m = cost.totals.get((cls.name, ref)) if ref is not None else None
-    ids = _unit_ids(cand, m)
-    if ref_m is not None and len(ref_m.unit_decode) >= len(cls.measure_units):
-        return [ref_m.unit_decode[k] for k in ids]
-    return [len(cls.measure_units[k]) for k in ids]
 
 
 def _cost(m: Measurement) -> float:
