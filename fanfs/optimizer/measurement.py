@@ -558,33 +558,30 @@ CONFIRM_UNITS: Final = 4
 # enough for a standard error of CONFIRM_ERROR on the class's projected decode time, at most
 # CONFIRM_MAX_UNITS. The shared objects of the real dataset decode at 26 to 257 MB/s per
 # 128 KiB block (lzma:6, 5th and 95th percentile): projections from 11 blocks fell within
-# 0.75-1.23x of the class's decode time in 90% of random draws, from 30 within 0.85-1.14x
-# (by bytes; paired with zstd:3's decode on the same blocks, 0.68-1.20x and 0.78-1.13x).
+# 0.75-1.23x of the class's decode time in 90% of random draws, from 30 within 0.85-1.14x.
 CONFIRM_ERROR: Final = 0.08
 CONFIRM_MAX_UNITS: Final = 32
 
 
-def decode_error(m: Measurement, base: Sequence[float]) -> float | None:
-    """The relative standard error of the class decode time projected from `m` as a ratio
-    estimate: its units' decode times over `base`, per unit the same quantity the projection
-    scales by (the reference's decode times on the same units, as `_paired_decode` pairs
-    them, or the units' sizes). None without per-unit times for at least two units."""
+def decode_error(m: Measurement, raw_sizes: Sequence[int]) -> float | None:
+    """The relative standard error of the class decode time projected from `m` (its decode
+    seconds per raw byte, a ratio estimate over the units of `raw_sizes`), or None without
+    per-unit times for at least two units."""
     times = m.unit_decode
     n = len(times)
-    if n < 2 or len(base) != n or sum(times) <= 0 or sum(base) <= 0:
+    if n < 2 or len(raw_sizes) != n or sum(times) <= 0:
         return None
-    ratio = sum(times) / sum(base)
-    spread = sum((t - ratio * b) ** 2 for t, b in zip(times, base, strict=True)) / (n - 1)
+    rate = sum(times) / max(sum(raw_sizes), 1)
+    spread = sum((t - rate * b) ** 2 for t, b in zip(times, raw_sizes, strict=True)) / (n - 1)
     return math.sqrt(spread / n) / (sum(times) / n)
 
 
-def confirm_units(m: Measurement, base: Sequence[float], available: int) -> int:
+def confirm_units(m: Measurement, raw_sizes: Sequence[int], available: int) -> int:
     """How many units `confirm` wants a chosen candidate measured on: CONFIRM_UNITS, or as
-    many as a decode estimate within CONFIRM_ERROR needs (`decode_error` over `base`; the
-    error shrinks with the square root of the units), at most CONFIRM_MAX_UNITS and
-    `available`."""
+    many as a decode estimate within CONFIRM_ERROR needs (its error shrinks with the square
+    root of the units), at most CONFIRM_MAX_UNITS and `available`."""
     want = CONFIRM_UNITS
-    error = decode_error(m, base)
+    error = decode_error(m, raw_sizes)
     if error is not None and error > CONFIRM_ERROR:
         want = max(want, math.ceil(m.units * (error / CONFIRM_ERROR) ** 2))
     return min(want, CONFIRM_MAX_UNITS, available)
@@ -612,12 +609,7 @@ def confirm(
         if cand in (NONE, ref) or m is None:
             continue
         units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
-        ref_m = cost.totals.get((cls.name, ref)) if ref is not None else None
-        ids = _unit_ids(cand, m)
-        base: Sequence[float] = [len(u) for u in units[: m.units]]
-        if ref_m is not None and len(ref_m.unit_decode) >= len(cls.measure_units):
-            base = [ref_m.unit_decode[k] for k in ids]  # the projection's pairing
-        want = confirm_units(m, base, len(units))
+        want = confirm_units(m, [len(u) for u in units[: m.units]], len(units))
         least = min(CONFIRM_UNITS, len(units))
         rate = _cost(m) / max(m.raw_bytes, 1)
         while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (

@@ -1136,27 +1136,6 @@ def test_a_choice_whose_units_decode_unevenly_is_confirmed_on_more(
     assert (spent > 0) is (confirmed > measured)
 
 
-def test_uneven_units_that_the_reference_decodes_as_unevenly_need_no_more() -> None:
-    """The plan projects a codec's decode as the reference's on the whole class times their
-    ratio on the same units (`_paired_decode`): blocks that are slow for zstd:3 too (the
-    code of a shared object, against its zero padding) do not make that ratio uncertain."""
-    decode = [1e-4, 2e-3] * 20
-    cls, fn = _timed_units(decode)
-    cands = [NONE, REFERENCE, ZSTD19]
-    cost = PlanCost(100.0)
-    reference = fn(cls.name, ZSTD19, cls.units, None)
-    cost.totals[(cls.name, REFERENCE)] = dataclasses.replace(
-        reference, unit_decode=tuple(t / 10 for t in decode)
-    )
-    cost.totals[(cls.name, ZSTD19)] = fn(cls.name, ZSTD19, cls.units[:8], None)
-    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=100.0) == 0.0
-    assert cost.totals[(cls.name, ZSTD19)].units == 8
-    # Paired with a reference that decoded every block alike, the spread shows again.
-    cost.totals[(cls.name, REFERENCE)] = dataclasses.replace(reference, unit_decode=(1e-4,) * 40)
-    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=100.0) > 0
-    assert cost.totals[(cls.name, ZSTD19)].units == CONFIRM_MAX_UNITS
-
-
 def test_confirming_more_units_stops_where_its_seconds_end() -> None:
     cls, fn = _timed_units([1e-4, 2e-3] * 20)
     cands = [NONE, REFERENCE, ZSTD19]
