@@ -554,37 +554,6 @@ def _extend(
 # plan chose brotli:11 for the PAM images on one 128 KiB block: projected 8.6 MB and 0.07 s
 # of decode, the class took 11.2 MB and 0.23 s through the mount.
 CONFIRM_UNITS: Final = 4
-# Where the measured units' decode times vary, the chosen candidate is confirmed on more:
-# enough for a standard error of CONFIRM_ERROR on the class's projected decode time, at most
-# CONFIRM_MAX_UNITS. The shared objects of the real dataset decode at 26 to 257 MB/s per
-# 128 KiB block (lzma:6, 5th and 95th percentile): projections from 11 blocks fell within
-# 0.75-1.23x of the class's decode time in 90% of random draws, from 30 within 0.85-1.14x.
-CONFIRM_ERROR: Final = 0.08
-CONFIRM_MAX_UNITS: Final = 32
-
-
-def decode_error(m: Measurement, raw_sizes: Sequence[int]) -> float | None:
-    """The relative standard error of the class decode time projected from `m` (its decode
-    seconds per raw byte, a ratio estimate over the units of `raw_sizes`), or None without
-    per-unit times for at least two units."""
-    times = m.unit_decode
-    n = len(times)
-    if n < 2 or len(raw_sizes) != n or sum(times) <= 0:
-        return None
-    rate = sum(times) / max(sum(raw_sizes), 1)
-    spread = sum((t - rate * b) ** 2 for t, b in zip(times, raw_sizes, strict=True)) / (n - 1)
-    return math.sqrt(spread / n) / (sum(times) / n)
-
-
-def confirm_units(m: Measurement, raw_sizes: Sequence[int], available: int) -> int:
-    """How many units `confirm` wants a chosen candidate measured on: CONFIRM_UNITS, or as
-    many as a decode estimate within CONFIRM_ERROR needs (its error shrinks with the square
-    root of the units), at most CONFIRM_MAX_UNITS and `available`."""
-    want = CONFIRM_UNITS
-    error = decode_error(m, raw_sizes)
-    if error is not None and error > CONFIRM_ERROR:
-        want = max(want, math.ceil(m.units * (error / CONFIRM_ERROR) ** 2))
-    return min(want, CONFIRM_MAX_UNITS, available)
 
 
 def confirm(
@@ -596,11 +565,11 @@ def confirm(
     seconds: float,
 ) -> float:
     """Measure each class's chosen candidate (`chosen`, in the order of `classes`; the
-    reference of `candidates` needs no confirming: it saw every unit) on the units
-    `confirm_units` asks for, the largest classes first, within `seconds`: as many as fit
-    by the candidate's cost so far, and a class whose first CONFIRM_UNITS would not fit is
-    left. The measurements join `cost.totals` and count in `cost.measure_s`; returns the
-    seconds spent (0: nothing to confirm, or no room)."""
+    reference of `candidates` needs no confirming: it saw every unit) on up to
+    CONFIRM_UNITS units, the largest classes first, within `seconds` (a class whose next
+    units would not fit by the candidate's cost so far is left). The measurements join
+    `cost.totals` and count in `cost.measure_s`; returns the seconds spent (0: nothing to
+    confirm, or no room)."""
     ref = reference_of(candidates)
     spent = 0.0
     for i in sorted(range(len(classes)), key=lambda k: -classes[k].total_bytes):
@@ -609,14 +578,11 @@ def confirm(
         if cand in (NONE, ref) or m is None:
             continue
         units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
-        want = confirm_units(m, [len(u) for u in units[: m.units]], len(units))
-        least = min(CONFIRM_UNITS, len(units))
+        want = min(CONFIRM_UNITS, len(units))
+        if m.units >= want:
+            continue
         rate = _cost(m) / max(m.raw_bytes, 1)
-        while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
-            seconds - spent
-        ):
-            want -= 1
-        if m.units >= want or want < least:
+        if rate * sum(len(u) for u in units[m.units : want]) > seconds - spent:
             continue
         more = measure_fn(cls.name, cand, units[m.units : want], cls.dictionary)
         cost.totals[(cls.name, cand)] = m + more
