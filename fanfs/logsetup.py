@@ -54,13 +54,14 @@ def setup_logging(
     handler.addFilter(LogOnceFilter())
     # pyfuse3's own warnings (a reply that failed, the patch's fallbacks) go to the same
     # place: a daemon's stderr is /dev/null.
-    for logger in (root, logging.getLogger("pyfuse3")):
+    pyfuse3_log = logging.getLogger("pyfuse3")
+    for logger in (root, pyfuse3_log):
         for old in list(logger.handlers):
             logger.removeHandler(old)
         logger.addHandler(handler)
         logger.propagate = False
     root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
-    logging.getLogger("pyfuse3").setLevel(logging.DEBUG if debug else logging.WARNING)
+    pyfuse3_log.setLevel(logging.DEBUG if debug else logging.WARNING)
     if not debug:
         # Disabled DEBUG calls on hot paths then cost one integer comparison.
         logging.disable(logging.DEBUG)
