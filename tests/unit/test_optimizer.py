@@ -1169,22 +1169,33 @@ def test_building_a_compression_context_is_overhead_not_a_cost_per_byte(
     assert m.compress_s < 0.05
 
 
-@pytest.mark.parametrize(("on_tiny", "loses"), [(1.0, False), (1.1, True)])
-def test_a_unit_of_a_few_bytes_does_not_veto_a_win_on_the_unit_that_holds_them(
-    on_tiny: float, loses: bool
+@pytest.mark.parametrize(
+    ("on_tiny", "on_small", "loses"),
+    [
+        (1.0, 0.7, False),  # the tiny units no larger: wins
+        (1.1, 0.7, False),  # a few bytes larger on each, the small units smaller together
+        (1.1, 1.1, True),  # the small units larger together: loses
+    ],
+)
+def test_units_of_a_few_bytes_do_not_veto_a_win_on_the_unit_that_holds_them(
+    on_tiny: float, on_small: float, loses: bool
 ) -> None:
-    """`(other)` of the real dataset, first 8 units of its sample: 271 KB of 295 KB in one
-    unit, which brotli:11 stored 21% smaller than zstd:3; a unit of 131 bytes took 114 bytes
-    with either. Judged as on one unit (every unit 10% smaller), the tiny unit vetoed the
-    win. A unit under FEW_UNITS_MIN_SHARE of the bytes need only be no larger."""
-    units = [bytes([0]) * 271334, bytes([1]) * 4491, bytes([2]) * 131]
-    ref = {units[0]: 94828, units[1]: 714, units[2]: 114}
-    cand = {units[0]: 74853, units[1]: 495, units[2]: int(114 * on_tiny)}
+    """`(other)` of the real dataset: 271 KB of 295 KB in one unit, which brotli:11 stored
+    21% smaller than zstd:3; a unit of 131 bytes took 114 bytes with either, and later
+    files of 94-284 bytes took 3-30 bytes more with brotli:11. Judged as on one unit (every
+    unit 10% smaller), they vetoed the win. The units under FEW_UNITS_MIN_SHARE of the
+    bytes each need only be no larger together."""
+    units = [bytes([0]) * 271334, bytes([1]) * 4491]
+    units += [bytes([2 + i]) * (131 + 40 * i) for i in range(4)]
+    ref = {units[0]: 94828, units[1]: 714}
+    ref |= {u: 114 + 20 * i for i, u in enumerate(units[2:])}
+    cand = {units[0]: 74853, units[1]: int(714 * on_small)}
+    cand |= {u: int(ref[u] * on_tiny) for u in units[2:]}
     fn = _unit_measure({"zstd:3": ref, "zstd:19": cand}, {"zstd:3": 1e-9, "zstd:19": 1e-9}, 1e-9)
-    cls = ClassSample("(other)", files=3, total_bytes=sum(map(len, units)), units=units)
+    cls = ClassSample("(other)", files=6, total_bytes=sum(map(len, units)), units=units)
     [prof] = profile([cls], [NONE, REFERENCE, ZSTD19], time_budget_s=100.0, measure_fn=fn)
     by = {str(e.candidate): e for e in prof.estimates}
-    assert by["zstd:19"].sample_units == 3
+    assert by["zstd:19"].sample_units == 6
     assert by["zstd:19"].loses is loses
 
 
