@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -45,6 +46,12 @@ from fanfs.optimizer import (
     profile,
     select,
     solve_mckp,
+)
+from fanfs.optimizer.measurement import (
+    CONFIRM_MAX_UNITS,
+    CONFIRM_UNITS,
+    DECODE_PASSES,
+    decode_error,
 )
 from fanfs.plan import parse_percent, parse_rate
 from tests.conftest import run_fanfs
@@ -1070,6 +1077,123 @@ def test_confirming_stays_within_its_seconds() -> None:
     assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=1.0) == 0.0
     assert cost.totals[(cls.name, ZSTD19)].units == 1
     assert cost.measure_s == before
+
+
+def _timed_units(decode: Sequence[float], name: str = "c/*.so") -> tuple[ClassSample, MeasureFn]:
+    """A class of len(decode) blocks of 64 KiB; zstd:19 decodes block i in decode[i] seconds
+    and compresses at 1 us per byte (what a measuring function reports, per unit)."""
+    units = [bytes([i]) * 65536 for i in range(len(decode))]
+    times = dict(zip(units, decode, strict=True))
+    cls = ClassSample(name, files=len(units), total_bytes=len(units) << 16, units=units)
+
+    def fn(name: str, cand: Candidate, part: Sequence[bytes], dic: bytes | None) -> Measurement:
+        raw = sum(len(u) for u in part)
+        each = tuple(times[u] for u in part)
+        sizes = tuple(len(u) // 3 for u in part)
+        return Measurement(len(part), raw, sum(sizes), sum(each), raw * 1e-6, 0.0, sizes, each)
+
+    return cls, fn
+
+
+def test_decode_error_is_the_ratio_estimates_standard_error() -> None:
+    same = Measurement(4, 4 << 16, 1 << 16, 0.004, 0.1, unit_decode=(0.001,) * 4)
+    assert decode_error(same, [1 << 16] * 4) == 0.0
+    # Alternating 1 and 3 ms on equal blocks: residuals of +-1 ms around the mean of 2 ms,
+    # sample variance 4/3 ms^2, standard error sqrt(4/3 / 4) ms over 2 ms.
+    mixed = Measurement(4, 4 << 16, 1 << 16, 0.008, 0.1, unit_decode=(0.001, 0.003) * 2)
+    assert decode_error(mixed, [1 << 16] * 4) == pytest.approx(math.sqrt(1 / 3) / 2)
+    # Twice the bytes, twice the time: proportional to size, no error.
+    scaled = Measurement(2, 3 << 16, 1 << 16, 0.003, 0.1, unit_decode=(0.001, 0.002))
+    assert decode_error(scaled, [1 << 16, 2 << 16]) == pytest.approx(0.0, abs=1e-12)
+    one = Measurement(1, 1 << 16, 1 << 14, 0.001, 0.1, unit_decode=(0.001,))
+    assert decode_error(one, [1 << 16]) is None
+    assert decode_error(Measurement(4, 4 << 16, 1 << 16, 0.004, 0.1), [1 << 16] * 4) is None
+
+
+@pytest.mark.parametrize(
+    ("decode", "measured", "confirmed"),
+    [
+        ([1e-4, 2e-3] * 20, 8, CONFIRM_MAX_UNITS),  # a tenfold spread: as many as allowed
+        ([1e-3] * 40, 8, 8),  # alike: 8 units are enough already
+        ([1e-3] * 40, 1, CONFIRM_UNITS),  # one unit shows no spread: the fixed minimum
+        ([1e-4, 2e-3] * 5, 8, 10),  # no more units than the sample holds
+    ],
+)
+def test_a_choice_whose_units_decode_unevenly_is_confirmed_on_more(
+    decode: list[float], measured: int, confirmed: int
+) -> None:
+    """The shared objects of the real dataset decode at 26 to 257 MB/s per block with lzma:6:
+    a decode time projected from 11 blocks was 0.62x the class's. `confirm` measures such a
+    choice on as many units as a standard error of CONFIRM_ERROR needs."""
+    cls, fn = _timed_units(decode)
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(100.0)
+    cost.totals[(cls.name, ZSTD19)] = fn(cls.name, ZSTD19, cls.units[:measured], None)
+    spent = confirm([cls], [ZSTD19], cands, cost, fn, seconds=100.0)
+    m = cost.totals[(cls.name, ZSTD19)]
+    assert m.units == confirmed
+    assert m.unit_decode == tuple(decode[:confirmed])
+    assert (spent > 0) is (confirmed > measured)
+
+
+def test_uneven_units_that_the_reference_decodes_as_unevenly_need_no_more() -> None:
+    """The plan projects a codec's decode as the reference's on the whole class times their
+    ratio on the same units (`_paired_decode`): blocks that are slow for zstd:3 too (the
+    code of a shared object, against its zero padding) do not make that ratio uncertain."""
+    decode = [1e-4, 2e-3] * 20
+    cls, fn = _timed_units(decode)
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(100.0)
+    reference = fn(cls.name, ZSTD19, cls.units, None)
+    cost.totals[(cls.name, REFERENCE)] = dataclasses.replace(
+        reference, unit_decode=tuple(t / 10 for t in decode)
+    )
+    cost.totals[(cls.name, ZSTD19)] = fn(cls.name, ZSTD19, cls.units[:8], None)
+    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=100.0) == 0.0
+    assert cost.totals[(cls.name, ZSTD19)].units == 8
+    # Paired with a reference that decoded every block alike, the spread shows again.
+    cost.totals[(cls.name, REFERENCE)] = dataclasses.replace(reference, unit_decode=(1e-4,) * 40)
+    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=100.0) > 0
+    assert cost.totals[(cls.name, ZSTD19)].units == CONFIRM_MAX_UNITS
+
+
+def test_every_choice_is_confirmed_on_a_few_units_before_any_on_more() -> None:
+    """The extra units for a decode estimate come from the seconds left once every choice
+    has its CONFIRM_UNITS: those decide whether a costly candidate's size win is real (on the
+    real dataset, spending them first on the largest classes left `(other)` with brotli:9,
+    2.3 MB larger than its confirmed brotli:11)."""
+    big, big_fn = _timed_units([1e-4, 2e-3] * 20, "c/*.so")
+    small, small_fn = _timed_units([1e-3] * 20, "c/*.mo")
+    fns = {big.name: big_fn, small.name: small_fn}
+
+    def fn(name: str, cand: Candidate, part: Sequence[bytes], dic: bytes | None) -> Measurement:
+        return fns[name](name, cand, part, dic)
+
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(100.0)
+    cost.totals[(big.name, ZSTD19)] = fn(big.name, ZSTD19, big.units[:8], None)
+    cost.totals[(small.name, ZSTD19)] = fn(small.name, ZSTD19, small.units[:1], None)
+    spent = confirm([big, small], [ZSTD19, ZSTD19], cands, cost, fn, seconds=0.42)
+    assert cost.totals[(small.name, ZSTD19)].units == CONFIRM_UNITS
+    assert 8 < cost.totals[(big.name, ZSTD19)].units < CONFIRM_MAX_UNITS
+    assert 0 < spent <= 0.42
+
+
+def test_confirming_more_units_stops_where_its_seconds_end() -> None:
+    cls, fn = _timed_units([1e-4, 2e-3] * 20)
+    cands = [NONE, REFERENCE, ZSTD19]
+    cost = PlanCost(100.0)
+    first = fn(cls.name, ZSTD19, cls.units[:8], None)
+    cost.totals[(cls.name, ZSTD19)] = first
+    per_unit = (first.compress_s + DECODE_PASSES * first.decode_s) / 8  # cost so far, per block
+    spent = confirm([cls], [ZSTD19], cands, cost, fn, seconds=10.5 * per_unit)
+    # 10 more blocks fit by that cost; the next would not.
+    assert cost.totals[(cls.name, ZSTD19)].units == 18
+    assert 0 < spent <= 10.5 * per_unit
+    # With room for fewer than CONFIRM_UNITS in all, a one-unit choice is left as it was.
+    cost.totals[(cls.name, ZSTD19)] = fn(cls.name, ZSTD19, cls.units[:1], None)
+    assert confirm([cls], [ZSTD19], cands, cost, fn, seconds=2.5 * per_unit) == 0.0
+    assert cost.totals[(cls.name, ZSTD19)].units == 1
 
 
 @pytest.mark.parametrize(("zstd19_on_first", "chosen"), [(10000, "lzma:6"), (8000, "zstd:19")])
