@@ -777,9 +777,11 @@ def _paired_decode(
     candidate): a pilot's few units may decode faster or slower than the class, and the
     ratio carries over to the class where the pilot's own rate does not. The cold-cache
     factor, measured on a few objects, varies by 1.3-1.9x between runs on the same units:
-    a candidate of the reference's codec (another zstd level, a shuffle, a dictionary)
-    shares the reference's, measured over the whole sample, and other codecs keep their
-    own. A dictionary's own factor, with the caches evicted before every object, came out
+    a candidate of the reference's codec (another zstd level, a dictionary) shares the
+    reference's, measured over the whole sample, and other codecs keep their own, as does a
+    shuffle (undoing it is a pass over the output of its own: on the real FITS images
+    zstd:19+shuf4 was projected to decode as fast as zstd:3, and its blocks took 1.6x the
+    projection). A dictionary's own factor, with the caches evicted before every object, came out
     2-3x the decode a mount measured class by class (the real dataset's Python, Go and SVG
     classes): a class's files read together keep its dictionary in the caches. Such a
     candidate (zstd decodes about as fast at every level) is taken to decode exactly as
@@ -796,7 +798,12 @@ def _paired_decode(
     ref_sum = sum(ref_units[:n])
     if ref_sum <= 0:
         return math.nan
-    same_decoder = ref is not None and cand.spec.codec_id == ref.spec.codec_id
+    # (a shuffle is undone by a pass of its own over the output: not the same decoder)
+    same_decoder = (
+        ref is not None
+        and cand.spec.codec_id == ref.spec.codec_id
+        and cand.spec.shuffle == ref.spec.shuffle
+    )
     if not same_decoder:
         return sum(m.unit_decode) / ref_sum * m.cold / ref_m.cold
     diffs = [c - r for c, r in zip(m.unit_decode, ref_units[:n], strict=True)]
