@@ -263,23 +263,25 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
 
 
 def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each object is decoded after evicting the caches and timed on its own (minus the
-    # clock's cost); the fastest cold pass over the hot time, never below 1.
+    # Each object is decoded after evicting the caches and again at once, each decode timed
+    # on its own (minus the clock's cost); per object the fastest of each kind, and the
+    # factor is the sum of the cold over the sum of the warm, never below 1.
     import fanfs.optimizer.measurement as optimizer
 
     coded = [(1, b"", 0), (1, b"", 0)]
     monkeypatch.setattr(optimizer, "decompress", lambda codec, s, size, dic: b"")
     monkeypatch.setattr(optimizer, "_clock_cost", lambda clock: 0.25)
-    monkeypatch.setattr(optimizer, "_hot_decode_s", lambda coded, dic: 1.0)
-    # per object (end - start - 0.25): pass 1: 2 + 2, pass 2: 1.5 + 1.5, pass 3: 3 + 3
-    ticks = iter([0, 2.25, 0, 2.25, 0, 1.75, 0, 1.75, 0, 3.25, 0, 3.25])
+    # per object (start, after the cold decode, after the warm one), minus 0.25 each:
+    # pass 1: cold 2, warm 0.5; pass 2: cold 1.5, warm 0.75; pass 3: cold 3, warm 0.5
+    ticks = iter([0, 2.25, 3.0] * 2 + [0, 1.75, 2.75] * 2 + [0, 3.25, 4.0] * 2)
 
     class Clock:
         thread_time = staticmethod(lambda: next(ticks))
 
     monkeypatch.setattr(optimizer, "time", Clock)
-    assert optimizer.cold_factor(coded, None) == pytest.approx(3.0)
-    ticks = iter([0, 0.5] * 6)  # faster than hot: noise, the factor stays 1
+    assert optimizer.cold_factor(coded, None) == pytest.approx(1.5 / 0.5)
+    assert next(ticks, None) is None
+    ticks = iter([0, 0.5, 1.5] * 6)  # faster cold than warm: noise, the factor stays 1
     assert optimizer.cold_factor(coded, None) == 1.0
 
 
