@@ -1129,6 +1129,9 @@ def test_decode_error_is_the_ratio_estimates_standard_error() -> None:
         ([1e-3] * 40, 8, 8),  # alike: 8 units are enough already
         ([1e-3] * 40, 1, CONFIRM_UNITS),  # one unit shows no spread: the fixed minimum
         ([1e-4, 2e-3] * 5, 8, 10),  # no more units than the sample holds
+        # a 7.5% error on 4 units, 12% once widened for so few: 10 units
+        ([1e-3, 1.3e-3] * 20, 4, 10),
+        ([1e-3, 1.3e-3] * 20, 10, 10),  # the same spread on 10 units: 4.3% (5.0%), enough
     ],
 )
 def test_a_choice_whose_units_decode_unevenly_is_confirmed_on_more(
