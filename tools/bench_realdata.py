@@ -366,15 +366,14 @@ def class_blocks(pack: Path, rels: list[bytes]) -> Blocks:
     """The distinct stored objects that hold the files `rels` of a pack (a solid block once),
     as (codec, stored bytes, decoded size, dictionary)."""
     from fanfs.format.reader import PackReader
+    from fanfs.hints import resolve
 
     reader = PackReader(str(pack))
     ix = reader.index
     seen: dict[object, tuple[int, bytes, int, bytes | None]] = {}
     for rel in rels:
-        entry: int | None = 0
-        for name in rel.split(b"/"):
-            entry = ix.lookup(entry, name) if entry is not None else None
-        if entry is None:
+        entry = resolve(ix, b"", rel)
+        if entry < 0:
             continue
         for k in range(int(ix.count[entry])):
             cid = int(ix.first[entry]) + k

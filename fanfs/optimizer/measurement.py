@@ -612,9 +612,9 @@ def confirm_units(m: Measurement, base: Sequence[float], available: int) -> int:
     want = CONFIRM_UNITS
     error = decode_error(m, base)
     if error is not None:
-        error *= _small_sample(m.units)
-    if error is not None and error > CONFIRM_ERROR:
-        want = max(want, math.ceil(m.units * (error / CONFIRM_ERROR) ** 2))
+        wide = error * _small_sample(m.units)
+        if wide > CONFIRM_ERROR:
+            want = max(want, math.ceil(m.units * (wide / CONFIRM_ERROR) ** 2))
     return min(want, CONFIRM_MAX_UNITS, available)
 
 
@@ -769,12 +769,10 @@ def _paired(cand: Candidate, m: Measurement, ref_m: Measurement | None) -> tuple
     if n < FEW_UNITS or effective < FEW_UNITS:
         # (the units holding less than FEW_UNITS_MIN_SHARE of the bytes each need only be
         # no larger together)
+        cut = FEW_UNITS_MIN_SHARE * ref_sum
         pairs = list(zip(m.unit_stored, ref_units[:n], strict=True))
-        large = [(c, r) for c, r in pairs if r >= FEW_UNITS_MIN_SHARE * ref_sum]
-        small = [(c, r) for c, r in pairs if r < FEW_UNITS_MIN_SHARE * ref_sum]
-        wins = all(c <= (1 - FEW_UNITS_GAIN) * r for c, r in large) and sum(
-            c for c, _ in small
-        ) <= sum(r for _, r in small)
+        wins = all(c <= (1 - FEW_UNITS_GAIN) * r for c, r in pairs if r >= cut)
+        wins = wins and sum(c - r for c, r in pairs if r < cut) <= 0
     else:
         # The standard error of the ratio of sums (the projection), from each unit's
         # departure from it: a codec that saves the same share of every unit wins however
