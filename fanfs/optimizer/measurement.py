@@ -123,7 +123,10 @@ class Measurement:
     size, in order (empty when a measuring function does not report it), and `unit_decode`
     each unit's decode seconds with warm caches (empty likewise), which `decode_s` is
     `cold` times (the cold-cache factor, `cold_factor`): `profile` compares candidates with
-    the reference on exactly the same units.
+    the reference on exactly the same units. `beside` holds REFERENCE's warm decode seconds
+    of each of the same units, timed in the same passes, unit by unit beside the candidate's
+    (empty when not measured so): a comparison that the machine's speed, which drifts
+    between measurements, cannot move.
     """
 
     units: int
@@ -135,10 +138,12 @@ class Measurement:
     unit_stored: tuple[int, ...] = ()
     unit_decode: tuple[float, ...] = ()
     cold: float = 1.0
+    beside: tuple[float, ...] = ()
 
     def __add__(self, other: Measurement) -> Measurement:
         both = bool(self.unit_stored) and bool(other.unit_stored)
         timed = bool(self.unit_decode) and bool(other.unit_decode)
+        paired = bool(self.beside) and bool(other.beside)
         hot = self.decode_s / self.cold + other.decode_s / other.cold
         return Measurement(
             self.units + other.units,
@@ -150,6 +155,7 @@ class Measurement:
             self.unit_stored + other.unit_stored if both else (),
             self.unit_decode + other.unit_decode if timed else (),
             (self.decode_s + other.decode_s) / hot if hot > 0 else 1.0,
+            self.beside + other.beside if paired else (),
         )
 
 
@@ -178,24 +184,26 @@ def measure(
     start = time.thread_time()
     stored = [compress_object(u, spec, dic) for u in units]
     compress_s = time.thread_time() - start
-    coded = [
-        (codec, s, len(u))
-        for (codec, s), u in zip(stored, units, strict=True)
-        if codec != CODEC_NONE
-    ]
-    decode_s, overhead_s = 0.0, prepare_s
-    factor = 1.0
-    per_coded: list[float] = []
+    objects = _coded(stored, units)
+    overhead_s = prepare_s
+    ref_objects = None
+    if cand != REFERENCE:  # REFERENCE's own objects, to time beside (`Measurement.beside`)
+        start = time.thread_time()
+        ref_objects = _coded([compress_object(u, REFERENCE.spec) for u in units], units)
+        overhead_s += time.thread_time() - start
+    decode_s, factor = 0.0, 1.0
+    per_unit: tuple[float, ...] = ()
+    beside: tuple[float, ...] = ()
+    coded = [o for o in objects if o is not None]
+    if coded or ref_objects is not None:
+        decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
+        overhead_s += beside_s
     if coded:
-        decode_s, per_coded = _timed_decode(coded, dic)
         start = time.thread_time()
         factor = cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
         overhead_s += time.thread_time() - start
         decode_s *= factor
     sizes = tuple(len(s) for _, s in stored)
-    # Raw units decode in no time; the coded ones in the order they were coded.
-    times = iter(per_coded)
-    per_unit = tuple(next(times) if codec != CODEC_NONE else 0.0 for codec, _ in stored)
     return Measurement(
         len(units),
         sum(len(u) for u in units),
@@ -204,34 +212,61 @@ def measure(
         compress_s,
         overhead_s,
         sizes,
-        per_unit,
+        per_unit if per_unit else (0.0,) * len(units),
         factor,
+        beside,
     )
 
 
 Coded = Sequence[tuple[int, bytes, int]]  # (codec id, stored bytes, decoded size)
+Objects = Sequence[tuple[int, bytes, int] | None]  # per unit; None: stored raw
 
 
-def _timed_decode(coded: Coded, dic: bytes | None) -> tuple[float, list[float]]:
-    """CPU seconds to decode `coded` back to back (the fastest of DECODE_PASSES passes), and
-    each object's own CPU seconds: the fastest of its DECODE_PASSES
-    decodes, each timed alone (the clock's own cost taken off), so that a candidate's decode
-    can be compared with the reference's on the same units."""
+def _coded(stored: Sequence[tuple[int, bytes]], units: Sequence[bytes]) -> Objects:
+    """Each unit's stored object as (codec id, stored bytes, decoded size), None if raw."""
+    return [
+        (codec, s, len(u)) if codec != CODEC_NONE else None
+        for (codec, s), u in zip(stored, units, strict=True)
+    ]
+
+
+def _timed_decode(
+    objects: Objects, dic: bytes | None, beside: Objects | None = None
+) -> tuple[float, tuple[float, ...], tuple[float, ...], float]:
+    """Decode `objects` DECODE_PASSES times, each object timed alone in this thread's CPU time
+    (the clock's own cost taken off). Returns the fastest pass (its objects' times summed),
+    each object's fastest decode (0 for a raw unit), so that a candidate can be compared
+    with the reference unit by unit; and, when `beside` (REFERENCE's objects of the same
+    units) is given, the same for them, each decoded right after the candidate's object of
+    its unit in the same pass (else empty), with the CPU seconds their decodes took.
+
+    Timed apart, minutes apart, the two sides differ by the machine's speed as well: on 78
+    units of the real dataset's `(other)`, zstd:19 over zstd:3 came out 1.13-1.65 and once
+    0.35 in twelve pairs of measurements; timed unit by unit beside each other, 1.45-1.47."""
     clock = time.thread_time
     overhead = _clock_overhead()
     passes = []
-    best = [math.inf] * len(coded)
+    best = [math.inf if o is not None else 0.0 for o in objects]
+    ref_best = [math.inf if o is not None else 0.0 for o in beside or ()]
+    beside_s = 0.0
     for _ in range(DECODE_PASSES):
         total = 0.0
-        for i, (codec, s, size) in enumerate(coded):
-            start = clock()
-            decompress(codec, s, size, dic)
-            took = max(clock() - start - overhead, 0.0)
-            total += took
-            if took < best[i]:
-                best[i] = took
+        for i, obj in enumerate(objects):
+            if obj is not None:
+                start = clock()
+                decompress(*obj, dic)
+                took = max(clock() - start - overhead, 0.0)
+                total += took
+                best[i] = min(best[i], took)
+            ref = beside[i] if beside is not None else None
+            if ref is not None:
+                start = clock()
+                decompress(*ref, None)
+                took = max(clock() - start - overhead, 0.0)
+                beside_s += took
+                ref_best[i] = min(ref_best[i], took)
         passes.append(total)
-    return min(passes), best
+    return min(passes), tuple(best), tuple(ref_best), beside_s
 
 
 @functools.cache
@@ -669,6 +704,9 @@ def _decode_base(
     """What the projection of `m`'s decode time scales by, per unit it covers: the
     reference's decode times on the same units (`_paired_decode`), or their sizes when the
     reference has no per-unit times."""
+    paired = _beside(m, ref)
+    if paired is not None:
+        return paired
     ref_m = cost.totals.get((cls.name, ref)) if ref is not None else None
     ids = _unit_ids(cand, m)
     if ref_m is not None and len(ref_m.unit_decode) >= len(cls.measure_units):
@@ -794,7 +832,9 @@ def _paired_decode(
 
     Warm-cache times are compared on the same units (the odd ones for a dictionary
     candidate): a pilot's few units may decode faster or slower than the class, and the
-    ratio carries over to the class where the pilot's own rate does not. The cold-cache
+    ratio carries over to the class where the pilot's own rate does not. The reference's
+    times are those timed beside the candidate's in the same passes (`Measurement.beside`)
+    where `measure` took them, else its own measurement's on those units. The cold-cache
     factor, measured on a few objects, varies by 1.3-1.9x between runs on the same units:
     a candidate of the reference's codec (another zstd level, a dictionary) shares the
     reference's, measured over the whole sample, and other codecs keep their own, as does a
@@ -808,12 +848,16 @@ def _paired_decode(
     standard errors and by more than SAME_DECODE: the balanced mode's budget is the
     reference's own decode, and a level that differs by noise alone would otherwise be kept
     out of it, or let in, by chance."""
-    if not m.unit_decode or not ref_m.unit_decode:
-        return math.nan
-    ref_units = ref_m.unit_decode[1::2] if cand.use_dict else ref_m.unit_decode
     n = len(m.unit_decode)
-    if len(ref_units) < n:
+    if not n:
         return math.nan
+    ref_units = _beside(m, ref)
+    if ref_units is None:
+        if not ref_m.unit_decode:
+            return math.nan
+        ref_units = ref_m.unit_decode[1::2] if cand.use_dict else ref_m.unit_decode
+        if len(ref_units) < n:
+            return math.nan
     ref_sum = sum(ref_units[:n])
     if ref_sum <= 0:
         return math.nan
@@ -832,6 +876,14 @@ def _paired_decode(
     if abs(mean) <= WIN_SIGMAS * math.sqrt(var / n) or abs(ratio - 1) <= SAME_DECODE:
         return 1.0
     return ratio
+
+
+def _beside(m: Measurement, ref: Candidate | None) -> tuple[float, ...] | None:
+    """The reference's decode times of `m`'s units timed beside the candidate's
+    (`Measurement.beside`), when the reference is REFERENCE and `m` has them for every unit."""
+    if ref == REFERENCE and m.beside and len(m.beside) == len(m.unit_decode):
+        return m.beside
+    return None
 
 
 def _unit_ids(cand: Candidate, m: Measurement) -> range:

@@ -262,6 +262,86 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
     assert next(cpu, None) is None  # DECODE_PASSES passes, each timed once
 
 
+def test_measure_times_the_reference_beside_the_candidate_unit_by_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A candidate other than REFERENCE is timed with REFERENCE's object of each unit decoded
+    # right after its own, in the same passes: the machine's speed, which drifts between
+    # measurements, moves both alike. Compressing and decoding those objects is overhead.
+    import fanfs.optimizer.measurement as optimizer
+
+    decoded: list[str] = []
+    real = optimizer.decompress
+
+    def spy(codec: int, s: bytes, size: int, dic: bytes | None) -> bytes | memoryview:
+        decoded.append("ref" if codec == ZSTD3.spec.codec_id and dic is None else "cand")
+        return real(codec, s, size, dic)
+
+    # context 0.25 s, compression 0.5 s, the reference's compression 0.1 s; per pass, per
+    # unit: the candidate's decode, then the reference's; then the cold-factor timing
+    cpu = iter(
+        [
+            *(0.0, 0.25),
+            *(0.0, 0.5),
+            *(0.0, 0.1),
+            *(0.0, 2.0, 2.0, 3.0, 10.0, 13.0, 13.0, 13.5),
+            *(20.0, 21.0, 21.0, 23.0, 30.0, 31.0, 31.0, 31.25),
+            *(40.0, 41.5, 41.5, 42.5, 50.0, 51.5, 51.5, 52.0),
+            *(60.0, 60.0),
+        ]
+    )
+
+    class Clock:
+        perf_counter = staticmethod(lambda: 0.0)
+        thread_time = staticmethod(lambda: next(cpu))
+
+    monkeypatch.setattr(optimizer, "time", Clock)
+    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.0)
+    monkeypatch.setattr(optimizer, "decompress", spy)
+    monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: 1.5)
+    units = [b"abc" * 1000, b"xyz" * 2000]
+    dictionary = optimizer.train_dictionary([b"abc%d xyz" % i * 50 for i in range(400)], 4096)
+    assert dictionary is not None
+    m = optimizer.measure("c", Candidate(ZSTD19.spec, use_dict=True), units, dictionary)
+    assert decoded == ["cand", "ref"] * 6  # DECODE_PASSES passes, unit by unit
+    assert m.unit_decode == (1.0, 1.0)  # the candidate's fastest, as before
+    assert m.decode_s == 3.0  # its fastest pass (2 s), times the cold factor
+    assert m.beside == (1.0, 0.25)  # the reference's fastest of each unit
+    # the context, the reference's compression, and its six decodes (1+0.5+2+0.25+1+0.5)
+    assert m.overhead_s == pytest.approx(0.25 + 0.1 + 5.25)
+    assert next(cpu, None) is None
+    # On the real clock: the reference itself is not timed twice.
+    monkeypatch.undo()
+    assert optimizer.measure("c", ZSTD3, units, None).beside == ()
+    assert len(optimizer.measure("c", ZSTD19, units, None).beside) == 2
+
+
+def test_the_reference_timed_beside_is_what_a_candidate_is_compared_with() -> None:
+    # The reference's own measurement ran while the machine was twice as slow: on its
+    # times zstd:19 would decode half as long as zstd:3. Timed beside it, unit by unit, the
+    # two decode alike, and zstd:19 is projected to decode as zstd:3 does; brotli:11, twice
+    # as slow beside it, twice as long.
+    brotli11 = Candidate(parse_codec("brotli:11"))
+
+    def fn(name: str, cand: Candidate, units: Sequence[bytes], dic: bytes | None) -> Measurement:
+        slow = 2.0 if cand == REFERENCE else 1.0
+        own = 2.0 if cand == brotli11 else 1.0
+        times = tuple(2e-5 * slow * own for _ in units)
+        beside = tuple(2e-5 for _ in units) if cand != REFERENCE else ()
+        sizes = tuple(30000 - 100 * cand.spec.level for _ in units)
+        raw = sum(len(u) for u in units)
+        return Measurement(
+            len(units), raw, sum(sizes), sum(times), raw * 1e-9, 0.0, sizes, times, 1.0, beside
+        )
+
+    units = [bytes([i]) * 65536 for i in range(40)]
+    cls = ClassSample("c/*.bin", files=40, total_bytes=40 * 65536, units=units)
+    [prof] = profile([cls], [NONE, REFERENCE, ZSTD19, brotli11], time_budget_s=100.0, measure_fn=fn)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19"].decode_s == pytest.approx(by["zstd:3"].decode_s, rel=1e-9)
+    assert by["brotli:11"].decode_s == pytest.approx(2 * by["zstd:3"].decode_s, rel=1e-9)
+
+
 def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each object is decoded after evicting the caches and again at once, each decode timed
     # on its own (minus the clock's cost); per object the fastest of each kind, and the
