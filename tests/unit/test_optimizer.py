@@ -985,6 +985,50 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     assert one.cost.rounds == 1
 
 
+def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The selections predict packs of 400 s, 100 s, then 300 s twice (a costly candidate
+    # measured on a pilot comes and goes): the budget, 10 s at first, grows by ROUND_GROWTH
+    # a round toward 25% of the fastest of them, 25 s, and stops there; following the
+    # latest it would have grown to 75 s, 75% of the fastest pack predicted.
+    import types
+
+    import fanfs.optimizer.budgets as budgets
+
+    def selection(seconds: float) -> Any:
+        return types.SimpleNamespace(choices=[types.SimpleNamespace(compress_s=seconds)])
+
+    later = iter([100.0, 300.0, 300.0, 300.0])
+    grown: list[float] = []
+
+    def reselect(*args: Any, **kwargs: Any) -> Any:
+        grown.append(args[4])
+        cost.budget_s = args[4]
+        return [], selection(next(later)), None
+
+    monkeypatch.setattr(budgets, "_reselect", reselect)
+    cost = PlanCost(None)
+    cost.budget_s = 10.0
+    settings = PlanSettings(time_budget_s=None, jobs=1, plan_share=0.25)
+    _, last, _ = budgets._budget_rounds(
+        [],
+        settings,
+        cost,
+        [],
+        selection(400.0),
+        None,
+        read_s=0.0,
+        codecs_share=1.0,
+        balanced=False,
+        measure_fn=measure,
+    )
+    assert grown == pytest.approx([15.0, 22.5, 25.0])
+    assert cost.rounds == 1 + 3
+    assert cost.predicted_pack_s == pytest.approx(300.0)
+    assert last.choices[0].compress_s == 300.0
+
+
 def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: Path) -> None:
     # The balanced mode (and a loose decode budget) will store the compressible classes with
     # a dense zstd level: the pack it predicts, and so its share for measuring, counts that
