@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/bench_realdata.py [--cache /var/tmp/fanfs-realdata] [--quick]
         [--systems default,auto-balanced,auto-sync,auto-prefetch,auto-capacity,squashfs-zstd,...]
-        [--per-class auto-balanced,auto-capacity] [--keep]
+        [--per-class auto-balanced,auto-capacity [--epoch]] [--keep]
 
 The dataset: package archives fetched with `apt-get download` (Debian) and `pip download`
 (PyPI wheels), cached under `--cache`/archives, unpacked into `--cache`/tree-full (or
@@ -16,8 +16,10 @@ ISO codes, word lists). The full set is about 1 GB, 60 k files; `--quick` about 
 Prints one markdown table (pack, ratio, size, time), the per-class ratios of each fanfs pack
 (realised, from the pack itself), and with `--per-class PACKS` each coded class's decode through
 the mount against the plan's prediction: one reader reads each class in walk order on a fresh
-mount (read-ahead and caches off, the page cache dropped per file), and the daemon's own decode
-time (`decode_ns`: verify and decode) is taken, median of `--passes` mounts.
+mount (read-ahead on, no object cache, the page cache dropped per file), and the daemon's own
+decode time (`decode_ns`: verify and decode) is taken, median of `--passes` mounts. With
+`--epoch`, each of those packs is also read whole once in a shuffled order across all classes
+(read-ahead off, then on), as a training epoch reads it, against the plan's epoch.
 
 Systems:
 - default: `fanfs pack` (zstd:3)
@@ -39,6 +41,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -428,6 +431,30 @@ def decode_through_mount(
     return out
 
 
+def shuffled_epoch(
+    pack: Path, tree: Path, plan: dict[str, Any], work: Path, *, prefetch: bool, seed: int = 1
+) -> float:
+    """Decode seconds of one shuffled epoch through a fresh mount (`decode_ns`): every file of
+    the dataset read once, whole, in a seeded random order across all classes, as a training
+    loader reads. The scenario the plan predicts (a class's decode with cold caches, a solid
+    block decoded for each member read), where `decode_through_mount` reads one class at a
+    time in walk order."""
+    members = class_members(tree, [row["class"] for row in plan["classes"]])
+    files = sorted(rel for rels in members.values() for rel in rels)
+    random.Random(seed).shuffle(files)
+    with bench_codecs.mounted(pack, work / "mnt", prefetch=prefetch) as (_, log_path):
+        _read_class(work / "mnt", files)
+    return _decode_ns(log_path) / 1e9
+
+
+def predicted_epoch(plan: dict[str, Any], order: str) -> float:
+    """The plan's decode seconds for an epoch: every class's, a solid class's as read in
+    `order` ("random": each member decodes its block; "walk": each block once)."""
+    return sum(
+        (row.get("solid_decode_s") or {}).get(order, row["decode_s"]) for row in plan["classes"]
+    )
+
+
 # --- the report ---------------------------------------------------------------------------------
 
 
@@ -447,6 +474,12 @@ def main() -> int:
         help="auto packs (e.g. auto-balanced,auto-capacity) to measure per class through the mount",
     )
     ap.add_argument("--passes", type=int, default=3, help="mounts per class with --per-class")
+    ap.add_argument(
+        "--epoch",
+        action="store_true",
+        help="with --per-class: also read each pack's whole dataset once in a shuffled order "
+        "(read-ahead off, then on) and compare its decode with the plan's epoch",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the packs")
     ap.add_argument(
         "--reuse",
@@ -574,6 +607,29 @@ def main() -> int:
                     total_o / total_p,
                 )
             )
+    if checked and args.epoch:
+        print("\n### A shuffled epoch through the mount against the plan\n")
+        print(
+            "Every file once, whole, in one seeded random order across all classes; a fresh "
+            "mount for each. Predicted: the plan's epoch with each solid class's members each "
+            "decoding their block (random) or each block decoded once (walk).\n"
+        )
+        print(
+            "| pack | read-ahead | measured s | predicted s (random) | measured / predicted "
+            "| predicted s (walk) | measured / predicted |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for n in checked:
+            plan = results[n]["inspect"]["plan"]
+            rand, walk = predicted_epoch(plan, "random"), predicted_epoch(plan, "walk")
+            for prefetch in (False, True):
+                log("shuffled epoch through the mount: %s, read-ahead %s", n, prefetch)
+                got = shuffled_epoch(packs[n], tree, plan, work, prefetch=prefetch)
+                results[n]["epoch_readahead" if prefetch else "epoch"] = got
+                print(
+                    "| %s | %s | %.3f | %.3f | %.2f | %.3f | %.2f |"
+                    % (n, "on" if prefetch else "off", got, rand, got / rand, walk, got / walk)
+                )
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     res_path = args.cache / ("results-%s.json" % stamp)
     res_path.write_text(
