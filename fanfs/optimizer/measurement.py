@@ -245,6 +245,12 @@ def _timed_decode(
     0.35 in twelve pairs of measurements; timed unit by unit beside each other, 1.45-1.47."""
     clock = time.thread_time
     overhead = _clock_overhead()
+
+    def timed(obj: tuple[int, bytes, int], dictionary: bytes | None) -> float:
+        start = clock()
+        decompress(*obj, dictionary)
+        return max(clock() - start - overhead, 0.0)
+
     passes = []
     best = [math.inf if o is not None else 0.0 for o in objects]
     ref_best = [math.inf if o is not None else 0.0 for o in beside or ()]
@@ -253,16 +259,12 @@ def _timed_decode(
         total = 0.0
         for i, obj in enumerate(objects):
             if obj is not None:
-                start = clock()
-                decompress(*obj, dic)
-                took = max(clock() - start - overhead, 0.0)
+                took = timed(obj, dic)
                 total += took
                 best[i] = min(best[i], took)
             ref = beside[i] if beside is not None else None
             if ref is not None:
-                start = clock()
-                decompress(*ref, None)
-                took = max(clock() - start - overhead, 0.0)
+                took = timed(ref, None)
                 beside_s += took
                 ref_best[i] = min(ref_best[i], took)
         passes.append(total)

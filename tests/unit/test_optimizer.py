@@ -10,7 +10,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,22 @@ def test_fit_read_model() -> None:
     assert model.bytes_per_s == pytest.approx(200e6)
 
 
+def _fake_cpu(monkeypatch: pytest.MonkeyPatch, ticks: Sequence[float]) -> Iterator[float]:
+    """The measuring module's thread CPU clock replaced by `ticks`, one per reading (the
+    clock's own cost taken as 0); returns the iterator, to check that all were read."""
+    import fanfs.optimizer.measurement as optimizer
+
+    cpu = iter(ticks)
+
+    class Clock:
+        perf_counter = staticmethod(lambda: 0.0)
+        thread_time = staticmethod(lambda: next(cpu))
+
+    monkeypatch.setattr(optimizer, "time", Clock)
+    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.0)
+    return cpu
+
+
 def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # Compression and the decode passes are timed with the thread's CPU clock, never the
     # wall clock, and the fastest decode pass is kept: a pass the machine's other work slowed
@@ -227,7 +243,8 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
 
     # the context built (0.25 s of overhead), compression 0 -> 0.5; three decode passes,
     # each unit timed alone: 2 + 3 s, 1 + 1 s, 1.5 + 1.5 s; then the cold-factor timing
-    cpu = iter(
+    cpu = _fake_cpu(
+        monkeypatch,
         [
             *(0.0, 0.25),
             *(0.0, 0.5),
@@ -235,15 +252,8 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
             *(20.0, 21.0, 30.0, 31.0),
             *(40.0, 41.5, 50.0, 51.5),
             *(60.0, 60.0),
-        ]
+        ],
     )
-
-    class Clock:
-        perf_counter = staticmethod(lambda: 0.0)
-        thread_time = staticmethod(lambda: next(cpu))
-
-    monkeypatch.setattr(optimizer, "time", Clock)
-    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.0)
     factors = []
     monkeypatch.setattr(
         optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5
@@ -279,7 +289,8 @@ def test_measure_times_the_reference_beside_the_candidate_unit_by_unit(
 
     # context 0.25 s, compression 0.5 s, the reference's compression 0.1 s; per pass, per
     # unit: the candidate's decode, then the reference's; then the cold-factor timing
-    cpu = iter(
+    cpu = _fake_cpu(
+        monkeypatch,
         [
             *(0.0, 0.25),
             *(0.0, 0.5),
@@ -288,15 +299,8 @@ def test_measure_times_the_reference_beside_the_candidate_unit_by_unit(
             *(20.0, 21.0, 21.0, 23.0, 30.0, 31.0, 31.0, 31.25),
             *(40.0, 41.5, 41.5, 42.5, 50.0, 51.5, 51.5, 52.0),
             *(60.0, 60.0),
-        ]
+        ],
     )
-
-    class Clock:
-        perf_counter = staticmethod(lambda: 0.0)
-        thread_time = staticmethod(lambda: next(cpu))
-
-    monkeypatch.setattr(optimizer, "time", Clock)
-    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.0)
     monkeypatch.setattr(optimizer, "decompress", spy)
     monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: 1.5)
     units = [b"abc" * 1000, b"xyz" * 2000]
