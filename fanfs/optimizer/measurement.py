@@ -662,19 +662,22 @@ def confirm(
     cost: PlanCost,
     measure_fn: MeasureFn,
     seconds: float,
+    *,
+    for_decode: bool = True,
 ) -> float:
     """Measure each class's chosen candidate (`chosen`, in the order of `classes`; the
     reference of `candidates` needs no confirming: it saw every unit), the largest classes
-    first, within `seconds`: on CONFIRM_UNITS units, then on those `confirm_units` asks for
-    with the seconds left (as many as fit by the candidate's cost so far; a class whose
-    next units would not fit is left). The measurements join `cost.totals` and count in
-    `cost.measure_s`; returns the seconds spent (0: nothing to confirm, or no room)."""
+    first, within `seconds`: on CONFIRM_UNITS units, then (`for_decode`) on those
+    `confirm_units` asks for with the seconds left (as many as fit by the candidate's cost
+    so far; a class whose next units would not fit is left). The measurements join
+    `cost.totals` and count in `cost.measure_s`; returns the seconds spent (0: nothing to
+    confirm, or no room)."""
     ref = reference_of(candidates)
     spent = 0.0
     order = sorted(range(len(classes)), key=lambda k: -classes[k].total_bytes)
     # First every choice on CONFIRM_UNITS (what decides a size win), then more units where
     # the decode estimate needs them, with the seconds left.
-    for more_for_decode in (False, True):
+    for more_for_decode in (False, True) if for_decode else (False,):
         for i in order:
             cls, cand = classes[i], chosen[i]
             m = cost.totals.get((cls.name, cand))

@@ -989,29 +989,42 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     assert one.cost.rounds == 1
 
 
+@pytest.mark.parametrize("thin", [False, True])
 def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, thin: bool
 ) -> None:
     # The selections predict packs of 400 s, 100 s, then 300 s twice (a costly candidate
     # measured on a pilot comes and goes): the budget, 10 s at first, grows by ROUND_GROWTH
     # a round toward 25% of the fastest of them, 25 s, and stops there; following the
-    # latest it would have grown to 75 s, 75% of the fastest pack predicted.
+    # latest it would have grown to 75 s, 75% of the fastest pack predicted. With `thin`,
+    # the first selection's costly choice stood on fewer than CONFIRM_UNITS units:
+    # confirming it (within CONFIRM_SHARE of the budget, before any growth) drops it, and the
+    # selection made then, not the first, is what the budget grows toward.
     import types
 
     import fanfs.optimizer.budgets as budgets
 
     def selection(seconds: float) -> Any:
-        return types.SimpleNamespace(choices=[types.SimpleNamespace(compress_s=seconds)])
+        return types.SimpleNamespace(
+            choices=[types.SimpleNamespace(candidate=REFERENCE, compress_s=seconds)]
+        )
 
     later = iter([100.0, 300.0, 300.0, 300.0])
     grown: list[float] = []
+    confirmed: list[float] = []
 
     def reselect(*args: Any, **kwargs: Any) -> Any:
         grown.append(args[4])
         cost.budget_s = args[4]
         return [], selection(next(later)), None
 
+    def confirm(*args: Any, for_decode: bool = True) -> float:
+        assert not for_decode  # CONFIRM_UNITS only: what decides a size win
+        confirmed.append(args[5])
+        return 1.0 if thin and len(confirmed) == 1 else 0.0
+
     monkeypatch.setattr(budgets, "_reselect", reselect)
+    monkeypatch.setattr(budgets, "confirm", confirm)
     cost = PlanCost(None)
     cost.budget_s = 10.0
     settings = PlanSettings(time_budget_s=None, jobs=1, plan_share=0.25)
@@ -1027,7 +1040,9 @@ def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
         balanced=False,
         measure_fn=measure,
     )
-    assert grown == pytest.approx([15.0, 22.5, 25.0])
+    # (with `thin`, the first selection after confirming keeps the budget: 10 s)
+    assert grown == pytest.approx(([10.0] if thin else []) + [15.0, 22.5, 25.0])
+    assert confirmed[0] == pytest.approx(10.0 * budgets.CONFIRM_SHARE)
     assert cost.rounds == 1 + 3
     assert cost.predicted_pack_s == pytest.approx(300.0)
     assert last.choices[0].compress_s == 300.0
