@@ -372,22 +372,25 @@ def class_blocks(pack: Path, rels: list[bytes]) -> Blocks:
     from fanfs.hints import resolve
 
     reader = PackReader(str(pack))
-    ix = reader.index
-    seen: dict[object, tuple[int, bytes, int, bytes | None]] = {}
-    for rel in rels:
-        entry = resolve(ix, b"", rel)
-        if entry < 0:
-            continue
-        for k in range(int(ix.count[entry])):
-            cid = int(ix.first[entry]) + k
-            bsize = int(ix.chunk_bsize[cid])
-            key = ix.block_key(cid) if bsize else cid
-            if key not in seen:
-                usize = bsize or reader.chunk_usize(entry, k)
-                stored = bytes(reader.read_stored(cid))
-                dic = reader.dictionary(int(ix.chunk_dict[cid]))
-                seen[key] = (int(ix.chunk_codec[cid]), stored, usize, dic)
-    return list(seen.values())
+    try:
+        ix = reader.index
+        seen: dict[object, tuple[int, bytes, int, bytes | None]] = {}
+        for rel in rels:
+            entry = resolve(ix, b"", rel)
+            if entry < 0:
+                continue
+            for k in range(int(ix.count[entry])):
+                cid = int(ix.first[entry]) + k
+                bsize = int(ix.chunk_bsize[cid])
+                key = ix.block_key(cid) if bsize else cid
+                if key not in seen:
+                    usize = bsize or reader.chunk_usize(entry, k)
+                    stored = bytes(reader.read_stored(cid))
+                    dic = reader.dictionary(int(ix.chunk_dict[cid]))
+                    seen[key] = (int(ix.chunk_codec[cid]), stored, usize, dic)
+        return list(seen.values())
+    finally:
+        reader.close()
 
 
 def decode_outside(blocks: Blocks) -> float:

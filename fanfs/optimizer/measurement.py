@@ -191,13 +191,11 @@ def measure(
         start = time.thread_time()
         ref_objects = _coded([compress_object(u, REFERENCE.spec) for u in units], units)
         overhead_s += time.thread_time() - start
-    decode_s, factor = 0.0, 1.0
-    per_unit: tuple[float, ...] = ()
-    beside: tuple[float, ...] = ()
+    # (raw units decode in no time: nothing of theirs is timed)
+    decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
+    overhead_s += beside_s
+    factor = 1.0
     coded = [o for o in objects if o is not None]
-    if coded or ref_objects is not None:
-        decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
-        overhead_s += beside_s
     if coded:
         start = time.thread_time()
         factor = cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
@@ -212,7 +210,7 @@ def measure(
         compress_s,
         overhead_s,
         sizes,
-        per_unit if per_unit else (0.0,) * len(units),
+        per_unit,
         factor,
         beside,
     )
