@@ -1,7 +1,6 @@
-"""Measuring candidates on the sample: ratio, one-thread decode time (hot, plus what each
-coded unit costs more with cold caches) and compress time (`measure`, injectable), and
-`profile`, which shares the time budget among (class, candidate) pairs and projects each
-onto the whole class.
+"""Measuring candidates on the sample: ratio, one-thread decode time (hot, scaled by a
+cold-cache factor) and compress time (`measure`, injectable), and `profile`, which shares
+the time budget among (class, candidate) pairs and projects each onto the whole class.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from fanfs.compression import (
     prepare,
     train_dictionary,
 )
-from fanfs.format.layout import crc32
 from fanfs.optimizer.candidates import NONE, Candidate
 from fanfs.optimizer.sampling import DICT_MAX_OBJECT_BYTES, FLOOR_SHARE, ClassSample
 
@@ -92,27 +90,13 @@ DECODE_PASSES: Final = 3
 # sample back to back keeps it hot. For small objects that hides most of the cost: 300-byte
 # JSON decoded 2.5-6.5x slower in the mount than in a hot loop (docs/benchmarks.md). So up to
 # COLD_UNITS coded units, spread over the sample, are also decoded one at a time after
-# evicting the caches, and what each took more than in the passes is added for every coded
-# unit (`cold_penalty`). Added, not multiplied: a class of icons and wallpapers is mostly
-# small objects, whose cold decodes cost several times their warm ones, while its bytes are
-# in the large ones, where the difference is small; a ratio taken on a few units, mostly
-# small, multiplied the class's decode by 5 where the mount paid 2 (docs/benchmarks.md).
+# evicting the caches and again at once, and the hot time is scaled by their cold/warm ratio
+# (`cold_factor`).
 COLD_UNITS: Final = 16
 
 
-# What the serving path does between two decodes (the kernel's FUSE request and reply, the
-# reader's copy of the data, the Python that answers, the other serving process) reaches
-# further than the core's own caches: on the real dataset's packs, each class's own stored
-# objects decoded after writing 1, 2, 4 and 8 MiB came to 0.75, 0.87, 1.00 and 1.38 of
-# what the mount measured on them, and with 4 MiB 23 of 31 classes within 25% against 15
-# with 1 MiB, this core's L2 (docs/benchmarks.md). So the eviction writes this much, or the
-# core's L2 if that is larger.
-EVICT_BYTES: Final = 4 * 1024 * 1024
-
-
 def _cache_bytes() -> int:
-    """Bytes to write to evict what the serving path between two decodes does: EVICT_BYTES,
-    or this core's L2 (sysfs) if larger."""
+    """Bytes to write to evict this core's private caches: its L2 (sysfs), 1 MiB if unknown."""
     try:
         base = "/sys/devices/system/cpu/cpu0/cache"
         for index in sorted(os.listdir(base)):
@@ -123,10 +107,10 @@ def _cache_bytes() -> int:
                 text = f.read().strip().upper()
             unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
             size = int(text.rstrip("KM")) * unit
-            return min(max(size, EVICT_BYTES), 16 << 20)
+            return min(max(size, 256 * 1024), 4 << 20)
     except (OSError, ValueError):
         pass
-    return EVICT_BYTES
+    return 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +122,7 @@ class Measurement:
     decodes), counted against the time budget only. `unit_stored` holds each unit's stored
     size, in order (empty when a measuring function does not report it), and `unit_decode`
     each unit's decode seconds with warm caches (empty likewise), which `decode_s` is
-    `cold` times (the cold-cache factor: the passes' time plus `cold_penalty` for each coded
-    unit, over the passes' time): `profile` compares candidates with
+    `cold` times (the cold-cache factor, `cold_factor`): `profile` compares candidates with
     the reference on exactly the same units. `beside` holds REFERENCE's warm decode seconds
     of each of the same units, timed in the same passes, unit by unit beside the candidate's
     (empty when not measured so): a comparison that the machine's speed, which drifts
@@ -187,10 +170,10 @@ def measure(
     Compresses exactly as the pack does (`compress_object`: probe and raw fallback), so raw
     units count their raw size and no decode time. Decoding is timed in this thread's CPU
     time (what a decode costs the serving process, whatever else the machine runs): the
-    fastest of DECODE_PASSES passes over the coded units, plus `cold_penalty` for each coded
-    unit (a mount decodes with cold caches). Compression is timed in CPU time too: a pack
-    compresses on every core, so its wall time is about the CPU time over the jobs, and the
-    machine's other work does not inflate the estimate.
+    fastest of DECODE_PASSES passes over the coded units, scaled by `cold_factor` (a mount
+    decodes with cold caches). Compression is timed in CPU time too: a pack compresses on
+    every core, so its wall time is about the CPU time over the jobs, and the machine's other
+    work does not inflate the estimate.
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
@@ -212,15 +195,11 @@ def measure(
     decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
     overhead_s += beside_s
     factor = 1.0
-    coded = [i for i, o in enumerate(objects) if o is not None]
-    if coded and decode_s > 0:
-        picks = coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS]
+    coded = [o for o in objects if o is not None]
+    if coded:
         start = time.thread_time()
-        penalty = cold_penalty(
-            [o for i in picks if (o := objects[i]) is not None], [per_unit[i] for i in picks], dic
-        )
+        factor = cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
         overhead_s += time.thread_time() - start
-        factor = 1.0 + len(coded) * penalty / decode_s
         decode_s *= factor
     sizes = tuple(len(s) for _, s in stored)
     return Measurement(
@@ -304,32 +283,35 @@ def _eviction_buffers() -> tuple[bytearray, bytes]:
     return bytearray(size), bytes(range(256)) * (size // 256)
 
 
-def cold_penalty(coded: Coded, warm: Sequence[float], dic: bytes | None) -> float:
-    """The mean seconds by which an object of `coded` decodes slower right after the caches
-    are evicted than `warm` (each object's fastest decode in `measure`'s passes), at least 0.
-    Each object's stored bytes are read (crc32) between the eviction and the decode, as the
-    daemon verifies them; the decode is timed alone in CPU time (the clock's own cost taken
-    off), the fastest of DECODE_PASSES.
+def cold_factor(coded: Coded, dic: bytes | None) -> float:
+    """How much slower `coded` decode with the caches evicted before each object than warm
+    (at least 1): each object is decoded right after an eviction and then again at once, both
+    timed alone in CPU time (the clock's own cost taken off); each time is the object's
+    fastest of DECODE_PASSES, and the factor is the sum of the cold times over the sum of the
+    warm ones.
 
-    A cold/warm ratio taken on 16 objects spread over a sample was applied to the whole
-    class before: on the real dataset's PNG class (icons of 0.6-22 KB and wallpapers of
-    several MB) it projected zstd:3's decode at 0.32 s where the class's own objects
-    decoded cold in 0.10 s, and the plan moved PNG off zstd to save decode time it did not
-    cost (docs/benchmarks.md)."""
-    if not coded:
-        return 0.0
+    The warm time was a pass over the objects back to back, timed as a whole, against cold
+    times taken one object at a time: on the real dataset's PNG units (16 objects of 0.6-22
+    KB, 45-100 us in all) the factor came out 3.0-7.3 in eight runs on the same objects, and
+    clamped at 1 on larger sets; each object's own cold and warm decodes side by side gave
+    3.0-3.8 (docs/benchmarks.md)."""
     dest, source = _eviction_buffers()
     clock = time.thread_time
-    overhead = _clock_overhead()
+    overhead = min(_clock_cost(clock) for _ in range(3))
     cold = [math.inf] * len(coded)
+    warm = [math.inf] * len(coded)
     for _ in range(DECODE_PASSES):
         for i, (codec, s, size) in enumerate(coded):
             dest[:] = source  # evict: what serving the FUSE requests in between does
-            crc32(s)
             start = clock()
             decompress(codec, s, size, dic)
-            cold[i] = min(cold[i], clock() - start - overhead)
-    return max(0.0, sum(c - w for c, w in zip(cold, warm, strict=True)) / len(coded))
+            middle = clock()
+            decompress(codec, s, size, dic)
+            end = clock()
+            cold[i] = min(cold[i], middle - start - overhead)
+            warm[i] = min(warm[i], end - middle - overhead)
+    hot = sum(max(t, 0.0) for t in warm)
+    return max(1.0, sum(max(t, 0.0) for t in cold) / hot) if hot > 0 else 1.0
 
 
 def _clock_cost(clock: Callable[[], float], calls: int = 200) -> float:

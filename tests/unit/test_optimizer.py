@@ -254,20 +254,16 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
             *(60.0, 60.0),
         ],
     )
-    penalties = []
-
-    def penalty(coded: Sequence[object], warm: Sequence[float], dic: bytes | None) -> float:
-        penalties.append((len(coded), tuple(warm)))
-        return 0.5
-
-    monkeypatch.setattr(optimizer, "cold_penalty", penalty)
+    factors = []
+    monkeypatch.setattr(
+        optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5
+    )
     units = [b"abc" * 1000, b"xyz" * 2000]
     m = optimizer.measure("c", ZSTD3, units, None)
-    assert m.decode_s == 3.0  # the fastest pass (2 s), plus 0.5 s for each coded unit
+    assert m.decode_s == 3.0  # the fastest pass (2 s), scaled by the cold factor
     assert m.unit_decode == (1.0, 1.0)  # each unit's fastest decode, warm
     assert m.cold == 1.5
-    # on the coded units (up to COLD_UNITS of them), against their fastest decodes
-    assert penalties == [(2, (1.0, 1.0))]
+    assert factors == [2]  # on the coded units (up to COLD_UNITS of them)
     assert m.compress_s == 0.5
     assert m.overhead_s == 0.25  # the context (the cold-factor timing took none here)
     assert (m.units, m.raw_bytes) == (2, 9000)
@@ -306,14 +302,14 @@ def test_measure_times_the_reference_beside_the_candidate_unit_by_unit(
         ],
     )
     monkeypatch.setattr(optimizer, "decompress", spy)
-    monkeypatch.setattr(optimizer, "cold_penalty", lambda coded, warm, dic: 0.5)
+    monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: 1.5)
     units = [b"abc" * 1000, b"xyz" * 2000]
     dictionary = optimizer.train_dictionary([b"abc%d xyz" % i * 50 for i in range(400)], 4096)
     assert dictionary is not None
     m = optimizer.measure("c", Candidate(ZSTD19.spec, use_dict=True), units, dictionary)
     assert decoded == ["cand", "ref"] * 6  # DECODE_PASSES passes, unit by unit
     assert m.unit_decode == (1.0, 1.0)  # the candidate's fastest, as before
-    assert m.decode_s == 3.0  # its fastest pass (2 s), plus the cold penalty of 2 units
+    assert m.decode_s == 3.0  # its fastest pass (2 s), times the cold factor
     assert m.beside == (1.0, 0.25)  # the reference's fastest of each unit
     # the context, the reference's compression, and its six decodes (1+0.5+2+0.25+1+0.5)
     assert m.overhead_s == pytest.approx(0.25 + 0.1 + 5.25)
@@ -350,66 +346,40 @@ def test_the_reference_timed_beside_is_what_a_candidate_is_compared_with() -> No
     assert by["brotli:11"].decode_s == pytest.approx(2 * by["zstd:3"].decode_s, rel=1e-9)
 
 
-def test_cold_penalty_is_the_mean_cold_time_over_the_warm(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each object is decoded after evicting the caches (its stored bytes read in between, as
-    # the daemon verifies them), timed on its own minus the clock's cost; per object the
-    # fastest of the passes, and the penalty is the mean of cold minus the given warm times,
-    # never below 0.
+def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each object is decoded after evicting the caches and again at once, each decode timed
+    # on its own (minus the clock's cost); per object the fastest of each kind, and the
+    # factor is the sum of the cold over the sum of the warm, never below 1.
     import fanfs.optimizer.measurement as optimizer
 
-    coded = [(1, b"a", 0), (1, b"b", 0)]
+    coded = [(1, b"", 0), (1, b"", 0)]
     monkeypatch.setattr(optimizer, "decompress", lambda codec, s, size, dic: b"")
-    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.25)
-    read: list[bytes] = []
-    monkeypatch.setattr(optimizer, "crc32", lambda data: read.append(data) or 0)
-    # per object (start, end), minus 0.25: pass 1: 2, 3; pass 2: 1.5, 4; pass 3: 3, 2.5
-    ticks = iter([0, 2.25, 0, 3.25, 0, 1.75, 0, 4.25, 0, 3.25, 0, 2.75])
+    monkeypatch.setattr(optimizer, "_clock_cost", lambda clock: 0.25)
+    # per object (start, after the cold decode, after the warm one), minus 0.25 each:
+    # pass 1: cold 2, warm 0.5; pass 2: cold 1.5, warm 0.75; pass 3: cold 3, warm 0.5
+    ticks = iter([0, 2.25, 3.0] * 2 + [0, 1.75, 2.75] * 2 + [0, 3.25, 4.0] * 2)
 
     class Clock:
         thread_time = staticmethod(lambda: next(ticks))
 
     monkeypatch.setattr(optimizer, "time", Clock)
-    # cold 1.5 and 2.5 against warm 0.5 and 1.5: 1 s more each
-    assert optimizer.cold_penalty(coded, [0.5, 1.5], None) == pytest.approx(1.0)
+    assert optimizer.cold_factor(coded, None) == pytest.approx(1.5 / 0.5)
     assert next(ticks, None) is None
-    assert read == [b"a", b"b"] * 3
-    ticks = iter([0, 0.5] * 6)  # faster cold than warm: noise, no penalty
-    assert optimizer.cold_penalty(coded, [0.5, 1.5], None) == 0.0
-    assert optimizer.cold_penalty([], [], None) == 0.0
+    ticks = iter([0, 0.5, 1.5] * 6)  # faster cold than warm: noise, the factor stays 1
+    assert optimizer.cold_factor(coded, None) == 1.0
 
 
-def test_cold_penalty_is_added_per_coded_unit_not_multiplied(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A class of one large object and small ones: the cold penalty is paid once per coded
-    # object, whatever its size, and a unit stored raw pays none. A ratio of cold to warm
-    # taken on the small ones and applied to the bytes would charge the large one too.
-    import fanfs.optimizer.measurement as optimizer
-
-    monkeypatch.setattr(optimizer, "cold_penalty", lambda coded, warm, dic: 1e-3)
-    rng = random.Random(3)
-    large = b"".join(b"row %d %d\n" % (i, rng.randrange(100)) for i in range(50_000))
-    small = [b"{'id': %d}" % i * 30 for i in range(5)]
-    units = [large, *small, rng.randbytes(20_000)]  # the last is stored raw
-    m = optimizer.measure("c", ZSTD3, units, None)
-    hot = sum(m.unit_decode)
-    assert m.unit_decode[-1] == 0.0
-    # six coded units, 1 ms each, on top of the passes' time
-    assert m.decode_s == pytest.approx(m.decode_s / m.cold + 6e-3)
-    assert m.decode_s / m.cold >= hot
-
-
-def test_cold_penalty_on_real_data() -> None:
+def test_cold_factor_on_real_data() -> None:
     from fanfs.compression import compress_object
-    from fanfs.optimizer import cold_penalty
+    from fanfs.optimizer import cold_factor
 
     rng = random.Random(5)
     objects = [
         json.dumps({"id": i, "box": [rng.random() for _ in range(4)]}).encode() for i in range(32)
     ]
     coded = [(*compress_object(o, ZSTD3.spec), len(o)) for o in objects]
-    penalty = cold_penalty(coded, [0.0] * len(coded), None)
-    assert 0.0 < penalty < 0.01  # a cold decode of 60 bytes: microseconds
+    factor = cold_factor(coded, None)
+    assert 1.0 <= factor < 100
 
 
 def test_measure_raw_units_cost_no_decode() -> None:
