@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 from typing import TYPE_CHECKING, Any, Final
@@ -30,14 +31,22 @@ if TYPE_CHECKING:
 _RATE_RE: Final = re.compile(r"^\s*([0-9.]+)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
 
 
-def parse_percent(text: str) -> float:
-    """`5%` or `0.05` -> 0.05."""
+def parse_percent(text: str, most: float = 1.0) -> float:
+    """`5%` or `0.05` -> 0.05: a share from 0 to `most` (100%). A bare number above 1 is
+    refused, not read as a share: `--plan-share 25` was taken as 2,500% of the pack time,
+    and profiling ran for 400 s where 25% allowed 50."""
+    percent = text.strip().endswith("%")
     try:
-        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+        value = float(text.strip()[:-1]) / 100 if percent else float(text)
     except ValueError:
         raise UsageError("invalid percentage %r (expected e.g. 5%%)" % text) from None
-    if not 0 <= value <= 100:
-        raise UsageError("invalid percentage %r" % text)
+    if not percent and value > 1:
+        raise UsageError(
+            "invalid percentage %r (a number without %% is a share from 0 to 1: write %s%% or %s)"
+            % (text, text.strip(), value / 100)
+        )
+    if not 0 <= value <= most:
+        raise UsageError("invalid percentage %r (expected 0%% to %g%%)" % (text, 100 * most))
     return value
 
 
@@ -106,7 +115,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     compute = _number(args.compute_ms or "0", "--compute-ms", positive=False)
     return PlanSettings(
         mode="capacity" if capacity is not None else mode,
-        max_overhead=parse_percent(args.max_overhead or "5%"),
+        max_overhead=parse_percent(args.max_overhead or "5%", math.inf),
         compute_s=compute / 1e3,
         read_model=read_model,
         target_files_per_s=files_rate,

@@ -33,7 +33,7 @@ SCENARIOS: dict[str, list[str]] = {
         "--broadcast", "val", "--broadcast", "train/c0*/*.json", "--jobs", "3",
     ],
     "auto-dict": [
-        "--codec", "auto", "--codecs", "zstd:3,zstd:19+dict", "--max-overhead", "100",
+        "--codec", "auto", "--codecs", "zstd:3,zstd:19+dict", "--max-overhead", "10000%",
         "--read-mbps", "1", "--read-latency-ms", "1", "--chunk-size", "4KiB", "--jobs", "2",
     ],
 }  # fmt: skip

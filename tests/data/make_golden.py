@@ -34,13 +34,13 @@ CODECS = {"zstd.fan": "zstd:3", "lz4.fan": "lz4", "brotli.fan": "brotli:5"}
 CODECS_V2 = {
     **CODECS,
     "lzma.fan": "lzma:6",
-    "auto.fan": "auto --codecs zstd:3,zstd:19+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
+    "auto.fan": "auto --codecs zstd:3,zstd:19+dict --max-overhead 10000% --read-mbps 1 --read-latency-ms 1",
 }
 # Version 3: lz4 chunks with a dictionary (the only candidate besides none is lz4hc+dict, so
 # the ann/*.json class gets the dictionary), and the byte shuffle in the codec byte.
 CODECS_V3 = {
     **CODECS_V2,
-    "lz4dict.fan": "auto --codecs lz4hc:9+dict --max-overhead 100 --read-mbps 1 --read-latency-ms 1",
+    "lz4dict.fan": "auto --codecs lz4hc:9+dict --max-overhead 10000% --read-mbps 1 --read-latency-ms 1",
     "shuffle.fan": "zstd:3+shuf4",
 }
 # Version 5: a file larger than a chunk stored in blocks (data/text.txt, 9000 bytes: three

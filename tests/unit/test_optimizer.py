@@ -412,9 +412,22 @@ def test_parse_rate_rejects(text: str) -> None:
 
 def test_parse_percent() -> None:
     assert parse_percent("5%") == pytest.approx(0.05)
+    assert parse_percent("100%") == pytest.approx(1.0)
     assert parse_percent("0.1") == pytest.approx(0.1)
-    with pytest.raises(UsageError):
+    assert parse_percent("1") == pytest.approx(1.0)
+    with pytest.raises(UsageError, match=r"^invalid percentage 'lots' \(expected e.g. 5%\)$"):
         parse_percent("lots")
+    # A bare 25 is not 2,500%: the user meant 25% or 0.25, and is told so.
+    with pytest.raises(
+        UsageError,
+        match=r"^invalid percentage '25' \(a number without % is a share from 0 to 1: "
+        r"write 25% or 0.25\)$",
+    ):
+        parse_percent("25")
+    for text in ("150%", "-5%", "-0.1"):
+        with pytest.raises(UsageError, match=r"\(expected 0% to 100%\)$"):
+            parse_percent(text)
+    assert parse_percent("1000%", math.inf) == pytest.approx(10.0)  # --max-overhead
 
 
 def test_parse_candidates() -> None:
