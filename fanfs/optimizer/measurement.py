@@ -1,6 +1,7 @@
-"""Measuring candidates on the sample: ratio, one-thread decode time (hot, scaled by a
-cold-cache factor) and compress time (`measure`, injectable), and `profile`, which shares
-the time budget among (class, candidate) pairs and projects each onto the whole class.
+"""Measuring candidates on the sample: ratio, one-thread decode time (what the daemon
+times: verifying and decoding, hot, plus what each unit costs more with cold caches) and
+compress time (`measure`, injectable), and `profile`, which shares the time budget among
+(class, candidate) pairs and projects each onto the whole class.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fanfs.compression import (
     prepare,
     train_dictionary,
 )
+from fanfs.format.layout import chunk_crc
 from fanfs.optimizer.candidates import NONE, Candidate
 from fanfs.optimizer.sampling import DICT_MAX_OBJECT_BYTES, FLOOR_SHARE, ClassSample
 
@@ -89,14 +91,28 @@ DECODE_PASSES: Final = 3
 # (zstd context, entropy tables, dictionary) out of the core's caches; a loop decoding the
 # sample back to back keeps it hot. For small objects that hides most of the cost: 300-byte
 # JSON decoded 2.5-6.5x slower in the mount than in a hot loop (docs/benchmarks.md). So up to
-# COLD_UNITS coded units, spread over the sample, are also decoded one at a time after
-# evicting the caches and again at once, and the hot time is scaled by their cold/warm ratio
-# (`cold_factor`).
+# COLD_UNITS units, spread over the sample, are also decoded one at a time after
+# evicting the caches, and what each took more than in the passes is added for every unit
+# (`cold_penalty`). Added, not multiplied: a class of icons and wallpapers is mostly
+# small objects, whose cold decodes cost several times their warm ones, while its bytes are
+# in the large ones, where the difference is small; a ratio taken on a few units, mostly
+# small, multiplied the class's decode by 5 where the mount paid 2 (docs/benchmarks.md).
 COLD_UNITS: Final = 16
 
 
+# What the serving path does between two decodes (the kernel's FUSE request and reply, the
+# reader's copy of the data, the Python that answers, the other serving process) reaches
+# further than the core's own caches: on the real dataset's packs, each class's own stored
+# objects decoded after writing 1, 2, 4 and 8 MiB came to 0.75, 0.87, 1.00 and 1.38 of
+# what the mount measured on them, and with 4 MiB 23 of 31 classes within 25% against 15
+# with 1 MiB, this core's L2 (docs/benchmarks.md). So the eviction writes this much, or the
+# core's L2 if that is larger.
+EVICT_BYTES: Final = 4 * 1024 * 1024
+
+
 def _cache_bytes() -> int:
-    """Bytes to write to evict this core's private caches: its L2 (sysfs), 1 MiB if unknown."""
+    """Bytes to write to evict what the serving path between two decodes does: EVICT_BYTES,
+    or this core's L2 (sysfs) if larger."""
     try:
         base = "/sys/devices/system/cpu/cpu0/cache"
         for index in sorted(os.listdir(base)):
@@ -107,10 +123,10 @@ def _cache_bytes() -> int:
                 text = f.read().strip().upper()
             unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
             size = int(text.rstrip("KM")) * unit
-            return min(max(size, 256 * 1024), 4 << 20)
+            return min(max(size, EVICT_BYTES), 16 << 20)
     except (OSError, ValueError):
         pass
-    return 1 << 20
+    return EVICT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +138,8 @@ class Measurement:
     decodes), counted against the time budget only. `unit_stored` holds each unit's stored
     size, in order (empty when a measuring function does not report it), and `unit_decode`
     each unit's decode seconds with warm caches (empty likewise), which `decode_s` is
-    `cold` times (the cold-cache factor, `cold_factor`): `profile` compares candidates with
+    `cold` times (the cold-cache factor: the passes' time plus `cold_penalty` for each coded
+    unit, over the passes' time): `profile` compares candidates with
     the reference on exactly the same units. `beside` holds REFERENCE's warm decode seconds
     of each of the same units, timed in the same passes, unit by unit beside the candidate's
     (empty when not measured so): a comparison that the machine's speed, which drifts
@@ -168,12 +185,13 @@ def measure(
     """Measure `cand` on `units` on this host, one thread (what one serving process decodes).
 
     Compresses exactly as the pack does (`compress_object`: probe and raw fallback), so raw
-    units count their raw size and no decode time. Decoding is timed in this thread's CPU
-    time (what a decode costs the serving process, whatever else the machine runs): the
-    fastest of DECODE_PASSES passes over the coded units, scaled by `cold_factor` (a mount
-    decodes with cold caches). Compression is timed in CPU time too: a pack compresses on
-    every core, so its wall time is about the CPU time over the jobs, and the machine's other
-    work does not inflate the estimate.
+    units count their raw size, and their checksum as their decode time. Decoding (with the
+    checksum, `_serve`: what the daemon counts) is timed in this thread's CPU time (what a
+    decode costs the serving process, whatever else the machine runs): the fastest of
+    DECODE_PASSES passes over the units, plus `cold_penalty` for each unit (a mount decodes
+    with cold caches). Compression is timed in CPU time too: a pack
+    compresses on every core, so its wall time is about the CPU time over the jobs, and the
+    machine's other work does not inflate the estimate.
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
@@ -184,22 +202,22 @@ def measure(
     start = time.thread_time()
     stored = [compress_object(u, spec, dic) for u in units]
     compress_s = time.thread_time() - start
-    objects = _coded(stored, units)
+    objects = _objects(stored, units)
     overhead_s = prepare_s
     ref_objects = None
     if cand != REFERENCE:  # REFERENCE's own objects, to time beside (`Measurement.beside`)
         start = time.thread_time()
-        ref_objects = _coded([compress_object(u, REFERENCE.spec) for u in units], units)
+        ref_objects = _objects([compress_object(u, REFERENCE.spec) for u in units], units)
         overhead_s += time.thread_time() - start
-    # (raw units decode in no time: nothing of theirs is timed)
     decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
     overhead_s += beside_s
     factor = 1.0
-    coded = [o for o in objects if o is not None]
-    if coded:
+    if objects and decode_s > 0:
+        picks = range(0, len(objects), max(1, len(objects) // COLD_UNITS))[:COLD_UNITS]
         start = time.thread_time()
-        factor = cold_factor(coded[:: max(1, len(coded) // COLD_UNITS)][:COLD_UNITS], dic)
+        penalty = cold_penalty([objects[i] for i in picks], [per_unit[i] for i in picks], dic)
         overhead_s += time.thread_time() - start
+        factor = 1.0 + len(objects) * penalty / decode_s
         decode_s *= factor
     sizes = tuple(len(s) for _, s in stored)
     return Measurement(
@@ -216,27 +234,34 @@ def measure(
     )
 
 
-Coded = Sequence[tuple[int, bytes, int]]  # (codec id, stored bytes, decoded size)
-Objects = Sequence[tuple[int, bytes, int] | None]  # per unit; None: stored raw
+Objects = Sequence[tuple[int, bytes, int]]  # per unit: (codec id, stored bytes, decoded size)
 
 
-def _coded(stored: Sequence[tuple[int, bytes]], units: Sequence[bytes]) -> Objects:
-    """Each unit's stored object as (codec id, stored bytes, decoded size), None if raw."""
-    return [
-        (codec, s, len(u)) if codec != CODEC_NONE else None
-        for (codec, s), u in zip(stored, units, strict=True)
-    ]
+def _objects(stored: Sequence[tuple[int, bytes]], units: Sequence[bytes]) -> Objects:
+    """Each unit's stored object as (codec id, stored bytes, decoded size), raw ones too."""
+    return [(codec, s, len(u)) for (codec, s), u in zip(stored, units, strict=True)]
+
+
+def _serve(obj: tuple[int, bytes, int], dictionary: bytes | None) -> None:
+    """What the daemon times as a chunk's decode (`decode_ns`): verify its stored bytes
+    (crc32, zlib-ng's: about 19 GB/s hot here, and a read of the bytes from memory cold) and
+    decode them (`decompress`, which hands a raw chunk back as it is). A plan that timed
+    the decode alone counted a raw chunk as free, where the mount pays its verifying and its
+    cold caches per chunk."""
+    codec, stored, size = obj
+    chunk_crc(stored, 0, True)
+    decompress(codec, stored, size, dictionary if codec != CODEC_NONE else None)
 
 
 def _timed_decode(
     objects: Objects, dic: bytes | None, beside: Objects | None = None
 ) -> tuple[float, tuple[float, ...], tuple[float, ...], float]:
-    """Decode `objects` DECODE_PASSES times, each object timed alone in this thread's CPU time
-    (the clock's own cost taken off). Returns the fastest pass (its objects' times summed),
-    each object's fastest decode (0 for a raw unit), so that a candidate can be compared
+    """Verify and decode (`_serve`) `objects` DECODE_PASSES times, each object timed alone in
+    this thread's CPU time (the clock's own cost taken off). Returns the fastest pass (its
+    objects' times summed), each object's fastest time, so that a candidate can be compared
     with the reference unit by unit; and, when `beside` (REFERENCE's objects of the same
-    units) is given, the same for them, each decoded right after the candidate's object of
-    its unit in the same pass (else empty), with the CPU seconds their decodes took.
+    units) is given, the same for them, each timed right after the candidate's object of
+    its unit in the same pass (else empty), with the CPU seconds they took.
 
     Timed apart, minutes apart, the two sides differ by the machine's speed as well: on 78
     units of the real dataset's `(other)`, zstd:19 over zstd:3 came out 1.13-1.65 and once
@@ -246,23 +271,21 @@ def _timed_decode(
 
     def timed(obj: tuple[int, bytes, int], dictionary: bytes | None) -> float:
         start = clock()
-        decompress(*obj, dictionary)
+        _serve(obj, dictionary)
         return max(clock() - start - overhead, 0.0)
 
     passes = []
-    best = [math.inf if o is not None else 0.0 for o in objects]
-    ref_best = [math.inf if o is not None else 0.0 for o in beside or ()]
+    best = [math.inf] * len(objects)
+    ref_best = [math.inf] * len(beside or ())
     beside_s = 0.0
     for _ in range(DECODE_PASSES):
         total = 0.0
         for i, obj in enumerate(objects):
-            if obj is not None:
-                took = timed(obj, dic)
-                total += took
-                best[i] = min(best[i], took)
-            ref = beside[i] if beside is not None else None
-            if ref is not None:
-                took = timed(ref, None)
+            took = timed(obj, dic)
+            total += took
+            best[i] = min(best[i], took)
+            if beside is not None:
+                took = timed(beside[i], None)
                 beside_s += took
                 ref_best[i] = min(ref_best[i], took)
         passes.append(total)
@@ -283,35 +306,72 @@ def _eviction_buffers() -> tuple[bytearray, bytes]:
     return bytearray(size), bytes(range(256)) * (size // 256)
 
 
-def cold_factor(coded: Coded, dic: bytes | None) -> float:
-    """How much slower `coded` decode with the caches evicted before each object than warm
-    (at least 1): each object is decoded right after an eviction and then again at once, both
-    timed alone in CPU time (the clock's own cost taken off); each time is the object's
-    fastest of DECODE_PASSES, and the factor is the sum of the cold times over the sum of the
-    warm ones.
+def cold_penalty(objects: Objects, warm: Sequence[float], dic: bytes | None) -> float:
+    """The mean seconds by which an object of `objects` is verified and decoded (`_serve`)
+    slower right after the caches are evicted than `warm` (each object's fastest time in
+    `measure`'s passes), at least 0. Timed alone in CPU time (the clock's own cost taken
+    off), the fastest of DECODE_PASSES.
 
-    The warm time was a pass over the objects back to back, timed as a whole, against cold
-    times taken one object at a time: on the real dataset's PNG units (16 objects of 0.6-22
-    KB, 45-100 us in all) the factor came out 3.0-7.3 in eight runs on the same objects, and
-    clamped at 1 on larger sets; each object's own cold and warm decodes side by side gave
-    3.0-3.8 (docs/benchmarks.md)."""
+    A cold/warm ratio taken on 16 objects spread over a sample was applied to the whole
+    class before: on the real dataset's PNG class (icons of 0.6-22 KB and wallpapers of
+    several MB) it projected zstd:3's decode at 0.32 s where the class's own objects
+    decoded cold in 0.10 s, and the plan moved PNG off zstd to save decode time it did not
+    cost (docs/benchmarks.md)."""
+    if not objects:
+        return 0.0
     dest, source = _eviction_buffers()
     clock = time.thread_time
-    overhead = min(_clock_cost(clock) for _ in range(3))
-    cold = [math.inf] * len(coded)
-    warm = [math.inf] * len(coded)
+    overhead = _clock_overhead()
+    cold = [math.inf] * len(objects)
     for _ in range(DECODE_PASSES):
-        for i, (codec, s, size) in enumerate(coded):
+        for i, obj in enumerate(objects):
             dest[:] = source  # evict: what serving the FUSE requests in between does
             start = clock()
-            decompress(codec, s, size, dic)
-            middle = clock()
-            decompress(codec, s, size, dic)
-            end = clock()
-            cold[i] = min(cold[i], middle - start - overhead)
-            warm[i] = min(warm[i], end - middle - overhead)
-    hot = sum(max(t, 0.0) for t in warm)
-    return max(1.0, sum(max(t, 0.0) for t in cold) / hot) if hot > 0 else 1.0
+            _serve(obj, dic)
+            cold[i] = min(cold[i], clock() - start - overhead)
+    return max(0.0, sum(c - w for c, w in zip(cold, warm, strict=True)) / len(objects))
+
+
+# A dictionary candidate's cold cost is its own (the dictionary's content and tables are
+# read again), not the reference's: it is measured once per class and codec, on this many
+# units spread over those the dictionary was not trained on. Measured on a pilot's few
+# units it came out 1.5-3x what the mount paid per object; on 32 units of the class,
+# 0.8-1.2x for the real dataset's eight dictionary classes (docs/benchmarks.md).
+DICT_COLD_UNITS: Final = 32
+
+
+def dictionary_penalty(cls: ClassSample, cand: Candidate) -> tuple[float, float]:
+    """The mean seconds by which a unit of `cls` compressed with `cand` and the class's
+    dictionary is verified and decoded slower with cold caches than warm (`cold_penalty`),
+    on up to DICT_COLD_UNITS odd units spread over the sample; and the CPU seconds measuring
+    it took. (0, 0) without a dictionary or units."""
+    units = cls.measure_units[1::2]
+    if cls.dictionary is None or not units:
+        return 0.0, 0.0
+    start = time.thread_time()
+    picks = units[:: max(1, len(units) // DICT_COLD_UNITS)][:DICT_COLD_UNITS]
+    objects = _objects([compress_object(u, cand.spec, cls.dictionary) for u in picks], picks)
+    _, warm, _, _ = _timed_decode(objects, cls.dictionary)
+    penalty = cold_penalty(objects, warm, cls.dictionary)
+    return penalty, time.thread_time() - start
+
+
+def raw_serving(cls: ClassSample) -> tuple[float, float, float]:
+    """What serving `cls` stored raw costs the daemon: seconds per byte of verifying (the
+    fastest of DECODE_PASSES passes over up to 2 x COLD_UNITS units spread over the sample),
+    the cold penalty per chunk on top (`cold_penalty`), and the CPU seconds measuring took.
+    A raw chunk is not free: a plan that counted only its checksum stored the real dataset's
+    11,771 Ruby docs (9.1 MB, 0.4 KB each) raw to save decode time, and the mount spent 0.074
+    s on them, against 0.001 s predicted."""
+    units = cls.measure_units
+    if not units:
+        return 0.0, 0.0, 0.0
+    start = time.thread_time()
+    picks = units[:: max(1, len(units) // (2 * COLD_UNITS))][: 2 * COLD_UNITS]
+    objects = [(CODEC_NONE, u, len(u)) for u in picks]
+    hot, warm, _, _ = _timed_decode(objects, None)
+    penalty = cold_penalty(objects, warm, None)
+    return hot / max(sum(len(u) for u in picks), 1), penalty, time.thread_time() - start
 
 
 def _clock_cost(clock: Callable[[], float], calls: int = 200) -> float:
@@ -392,6 +452,10 @@ class PlanCost:
     rounds: int = 1  # calls of `profile` that measured (the budget's rounds: `_budget_rounds`)
     # every (class, candidate) measurement so far: a later `profile` call resumes from them
     totals: dict[tuple[str, Candidate], Measurement] = field(default_factory=dict)
+    # each (class, codec id)'s dictionary penalty so far (`dictionary_penalty`), likewise;
+    # and each class's cost of serving raw chunks (`raw_serving`)
+    penalties: dict[tuple[str, int], float] = field(default_factory=dict)
+    raw: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def profile(
@@ -431,6 +495,8 @@ def profile(
     """
     ref = reference_of(candidates)
     known = spent_out.totals if spent_out is not None else {}
+    penalties = spent_out.penalties if spent_out is not None else {}
+    raw = spent_out.raw if spent_out is not None else {}
     ref_decode_s = 0.0
     totals: dict[tuple[str, Candidate], Measurement] = {}
     ref_spent = 0.0
@@ -510,6 +576,19 @@ def profile(
         extended = _extend(cls, pairs, share - class_spent, measure_fn)
         for cand, m in extended:
             totals[(cls.name, cand)] = m
+            key = (cls.name, cand.spec.codec_id)
+            # (injected measurements have no objects of their own to time cold)
+            if cand.use_dict and key not in penalties and measure_fn is measure:
+                cheapest = min(
+                    (c for c in candidates if c.use_dict and c.spec.codec_id == key[1]),
+                    key=lambda c: (cost_rank(c), str(c)),
+                )
+                penalties[key], took = dictionary_penalty(cls, cheapest)
+                class_spent += took
+        if cls.name not in raw and measure_fn is measure:
+            per_byte, per_chunk, took = raw_serving(cls)
+            raw[cls.name] = (per_byte, per_chunk)
+            class_spent += took
         spent += class_spent + sum(
             _cost(m) - _cost(p) for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
         )
@@ -518,7 +597,9 @@ def profile(
         spent_out.measure_s += spent
         spent_out.reference_s += ref_spent
         spent_out.totals = totals
-    return [_project(cls, candidates, totals, ref) for cls in classes]
+        spent_out.penalties = penalties
+        spent_out.raw = raw
+    return [_project(cls, candidates, totals, ref, penalties, raw.get(cls.name)) for cls in classes]
 
 
 # A class the reference shrinks by at least this share is predicted, in the balanced mode, to
@@ -864,13 +945,7 @@ def _paired_decode(
     ref_sum = sum(ref_units[:n])
     if ref_sum <= 0:
         return math.nan
-    # (a shuffle is undone by a pass of its own over the output: not the same decoder)
-    same_decoder = (
-        ref is not None
-        and cand.spec.codec_id == ref.spec.codec_id
-        and cand.spec.shuffle == ref.spec.shuffle
-    )
-    if not same_decoder:
+    if not _same_decoder(cand, ref):
         return sum(m.unit_decode) / ref_sum * m.cold / ref_m.cold
     diffs = [c - r for c, r in zip(m.unit_decode, ref_units[:n], strict=True)]
     mean = sum(diffs) / n
@@ -879,6 +954,15 @@ def _paired_decode(
     if abs(mean) <= WIN_SIGMAS * math.sqrt(var / n) or abs(ratio - 1) <= SAME_DECODE:
         return 1.0
     return ratio
+
+
+def _same_decoder(cand: Candidate, ref: Candidate | None) -> bool:
+    # (a shuffle is undone by a pass of its own over the output: not the same decoder)
+    return (
+        ref is not None
+        and cand.spec.codec_id == ref.spec.codec_id
+        and cand.spec.shuffle == ref.spec.shuffle
+    )
 
 
 def _beside(m: Measurement, ref: Candidate | None) -> tuple[float, ...] | None:
@@ -935,9 +1019,26 @@ def _project(
     candidates: Sequence[Candidate],
     totals: dict[tuple[str, Candidate], Measurement],
     ref: Candidate | None,
+    penalties: dict[tuple[str, int], float] | None = None,
+    raw: tuple[float, float] | None = None,
 ) -> ClassProfile:
+    """Every measured candidate's estimate for the whole class, and NONE's (its serving cost
+    `raw`, seconds per byte and per chunk, as `raw_serving` measures it; else nothing). A
+    dictionary candidate with its own cold penalty in `penalties` (by class and codec id)
+    decodes as the reference's warm decode times their paired ratio, plus that penalty for
+    each of the class's chunks."""
     units = cls.measure_units
-    estimates = [Estimate(NONE, cls.total_bytes, 0.0, 0.0, len(units), sum(len(u) for u in units))]
+    per_byte, per_chunk = raw or (0.0, 0.0)
+    estimates = [
+        Estimate(
+            NONE,
+            cls.total_bytes,
+            per_byte * cls.total_bytes + per_chunk * cls.chunks,
+            0.0,
+            len(units),
+            sum(len(u) for u in units),
+        )
+    ]
     ref_m = totals.get((cls.name, ref)) if ref is not None else None
     ref_rate = ref_m.decode_s / ref_m.raw_bytes if ref_m and ref_m.raw_bytes else math.inf
     rows: list[tuple[Candidate, Measurement, float, float, bool]] = []
@@ -956,6 +1057,12 @@ def _project(
             rel_decode = _paired_decode(cand, m, ref, ref_m)
             if not math.isnan(rel_decode):
                 decode_s = ref_m.decode_s * cls.total_bytes / ref_m.raw_bytes * rel_decode
+                penalty = (penalties or {}).get((cls.name, cand.spec.codec_id))
+                if cand.use_dict and penalty is not None:
+                    warm = ref_m.decode_s / ref_m.cold * cls.total_bytes / ref_m.raw_bytes
+                    if not _same_decoder(cand, ref):
+                        rel_decode *= ref_m.cold / m.cold  # (the warm ratio)
+                    decode_s = warm * rel_decode + penalty * cls.chunks
             # (a relative tolerance: the same decode computed in another order may round
             # below the reference's, and a candidate no faster would escape the rule)
             loses = not wins and decode_s >= ref_rate * cls.total_bytes * (1 - 1e-9)

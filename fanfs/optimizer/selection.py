@@ -135,8 +135,15 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
         # On a tie, none first: an incompressible class is stored raw and costs no decode.
         # A candidate that loses to the reference (no faster, not shown smaller on the same
         # units) is never an option: the default codec is never replaced by a worse one.
+        # Nor is one that stores the class no smaller than none does: it stores it raw, and
+        # serving it is none's work, whatever their separate measurements say.
+        raw = min((e.stored_bytes for e in prof.estimates if e.candidate == NONE), default=None)
         ests = sorted(
-            (e for e in prof.estimates if not e.loses),
+            (
+                e
+                for e in prof.estimates
+                if not e.loses and (raw is None or e.candidate == NONE or e.stored_bytes < raw)
+            ),
             key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)),
         )
         kept: list[Estimate] = []

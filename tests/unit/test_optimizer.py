@@ -161,6 +161,22 @@ def test_incompressible_class_is_stored_raw_at_no_decode_cost() -> None:
     assert sel.decode_s == 0
 
 
+def test_a_candidate_that_stores_the_class_raw_never_beats_none() -> None:
+    # none costs the serving of raw chunks (verifying, a cold penalty per chunk); a codec
+    # that stores every unit raw does exactly that work, and its separate measurement may
+    # come out faster by noise: it is not an option, under any budget.
+    size = 1000
+    prof = ClassProfile(
+        "c/*.jpg",
+        10,
+        size,
+        [Estimate(NONE, size, 0.2, 0.0, 1, size), Estimate(LZ4, size, 0.1, 1.0, 1, size)],
+    )
+    for objective in (Objective("sync", 0.15), Objective("capacity", None, size)):
+        sel = select([prof], objective)
+        assert [e.candidate for e in sel.choices] == [NONE]
+
+
 def test_zero_budget_stores_everything_raw() -> None:
     sel = select(PROFILES, Objective("prefetch", 0.0))
     assert sel.feasible
@@ -254,16 +270,20 @@ def test_measure_keeps_the_fastest_decode_pass_in_cpu_time(monkeypatch: pytest.M
             *(60.0, 60.0),
         ],
     )
-    factors = []
-    monkeypatch.setattr(
-        optimizer, "cold_factor", lambda coded, dic: factors.append(len(coded)) or 1.5
-    )
+    penalties = []
+
+    def penalty(coded: Sequence[object], warm: Sequence[float], dic: bytes | None) -> float:
+        penalties.append((len(coded), tuple(warm)))
+        return 0.5
+
+    monkeypatch.setattr(optimizer, "cold_penalty", penalty)
     units = [b"abc" * 1000, b"xyz" * 2000]
     m = optimizer.measure("c", ZSTD3, units, None)
-    assert m.decode_s == 3.0  # the fastest pass (2 s), scaled by the cold factor
+    assert m.decode_s == 3.0  # the fastest pass (2 s), plus 0.5 s for each coded unit
     assert m.unit_decode == (1.0, 1.0)  # each unit's fastest decode, warm
     assert m.cold == 1.5
-    assert factors == [2]  # on the coded units (up to COLD_UNITS of them)
+    # on the coded units (up to COLD_UNITS of them), against their fastest decodes
+    assert penalties == [(2, (1.0, 1.0))]
     assert m.compress_s == 0.5
     assert m.overhead_s == 0.25  # the context (the cold-factor timing took none here)
     assert (m.units, m.raw_bytes) == (2, 9000)
@@ -302,14 +322,14 @@ def test_measure_times_the_reference_beside_the_candidate_unit_by_unit(
         ],
     )
     monkeypatch.setattr(optimizer, "decompress", spy)
-    monkeypatch.setattr(optimizer, "cold_factor", lambda coded, dic: 1.5)
+    monkeypatch.setattr(optimizer, "cold_penalty", lambda coded, warm, dic: 0.5)
     units = [b"abc" * 1000, b"xyz" * 2000]
     dictionary = optimizer.train_dictionary([b"abc%d xyz" % i * 50 for i in range(400)], 4096)
     assert dictionary is not None
     m = optimizer.measure("c", Candidate(ZSTD19.spec, use_dict=True), units, dictionary)
     assert decoded == ["cand", "ref"] * 6  # DECODE_PASSES passes, unit by unit
     assert m.unit_decode == (1.0, 1.0)  # the candidate's fastest, as before
-    assert m.decode_s == 3.0  # its fastest pass (2 s), times the cold factor
+    assert m.decode_s == 3.0  # its fastest pass (2 s), plus the cold penalty of 2 units
     assert m.beside == (1.0, 0.25)  # the reference's fastest of each unit
     # the context, the reference's compression, and its six decodes (1+0.5+2+0.25+1+0.5)
     assert m.overhead_s == pytest.approx(0.25 + 0.1 + 5.25)
@@ -346,46 +366,151 @@ def test_the_reference_timed_beside_is_what_a_candidate_is_compared_with() -> No
     assert by["brotli:11"].decode_s == pytest.approx(2 * by["zstd:3"].decode_s, rel=1e-9)
 
 
-def test_cold_factor_is_the_cold_over_hot_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each object is decoded after evicting the caches and again at once, each decode timed
-    # on its own (minus the clock's cost); per object the fastest of each kind, and the
-    # factor is the sum of the cold over the sum of the warm, never below 1.
+def test_cold_penalty_is_the_mean_cold_time_over_the_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each object is verified (its stored bytes read, as the daemon does) and decoded after
+    # evicting the caches, timed on its own minus the clock's cost; per object the fastest
+    # of the passes, and the penalty is the mean of cold minus the given warm times, never
+    # below 0.
     import fanfs.optimizer.measurement as optimizer
 
-    coded = [(1, b"", 0), (1, b"", 0)]
+    coded = [(1, b"a", 0), (1, b"b", 0)]
     monkeypatch.setattr(optimizer, "decompress", lambda codec, s, size, dic: b"")
-    monkeypatch.setattr(optimizer, "_clock_cost", lambda clock: 0.25)
-    # per object (start, after the cold decode, after the warm one), minus 0.25 each:
-    # pass 1: cold 2, warm 0.5; pass 2: cold 1.5, warm 0.75; pass 3: cold 3, warm 0.5
-    ticks = iter([0, 2.25, 3.0] * 2 + [0, 1.75, 2.75] * 2 + [0, 3.25, 4.0] * 2)
+    monkeypatch.setattr(optimizer, "_clock_overhead", lambda: 0.25)
+    read: list[bytes] = []
+    monkeypatch.setattr(optimizer, "chunk_crc", lambda data, chunk, binds: read.append(data) or 0)
+    # per object (start, end), minus 0.25: pass 1: 2, 3; pass 2: 1.5, 4; pass 3: 3, 2.5
+    ticks = iter([0, 2.25, 0, 3.25, 0, 1.75, 0, 4.25, 0, 3.25, 0, 2.75])
 
     class Clock:
         thread_time = staticmethod(lambda: next(ticks))
 
     monkeypatch.setattr(optimizer, "time", Clock)
-    assert optimizer.cold_factor(coded, None) == pytest.approx(1.5 / 0.5)
+    # cold 1.5 and 2.5 against warm 0.5 and 1.5: 1 s more each
+    assert optimizer.cold_penalty(coded, [0.5, 1.5], None) == pytest.approx(1.0)
     assert next(ticks, None) is None
-    ticks = iter([0, 0.5, 1.5] * 6)  # faster cold than warm: noise, the factor stays 1
-    assert optimizer.cold_factor(coded, None) == 1.0
+    assert read == [b"a", b"b"] * 3
+    ticks = iter([0, 0.5] * 6)  # faster cold than warm: noise, no penalty
+    assert optimizer.cold_penalty(coded, [0.5, 1.5], None) == 0.0
+    assert optimizer.cold_penalty([], [], None) == 0.0
 
 
-def test_cold_factor_on_real_data() -> None:
+def test_cold_penalty_is_added_per_unit_not_multiplied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A class of one large object and small ones: the cold penalty is paid once per object,
+    # whatever its size (a unit stored raw too: the daemon verifies it). A ratio of cold to
+    # warm taken on the small ones and applied to the bytes would charge the large one too.
+    import fanfs.optimizer.measurement as optimizer
+
+    monkeypatch.setattr(optimizer, "cold_penalty", lambda objects, warm, dic: 1e-3)
+    rng = random.Random(3)
+    large = b"".join(b"row %d %d\n" % (i, rng.randrange(100)) for i in range(50_000))
+    small = [b"{'id': %d}" % i * 30 for i in range(5)]
+    units = [large, *small, rng.randbytes(20_000)]  # the last is stored raw
+    m = optimizer.measure("c", ZSTD3, units, None)
+    hot = sum(m.unit_decode)
+    assert m.unit_decode[-1] > 0.0  # its checksum
+    # seven units, 1 ms each, on top of the passes' time
+    assert m.decode_s == pytest.approx(m.decode_s / m.cold + 7e-3)
+    assert m.decode_s / m.cold >= hot
+
+
+def test_cold_penalty_on_real_data() -> None:
     from fanfs.compression import compress_object
-    from fanfs.optimizer import cold_factor
+    from fanfs.optimizer import cold_penalty
 
     rng = random.Random(5)
     objects = [
         json.dumps({"id": i, "box": [rng.random() for _ in range(4)]}).encode() for i in range(32)
     ]
     coded = [(*compress_object(o, ZSTD3.spec), len(o)) for o in objects]
-    factor = cold_factor(coded, None)
-    assert 1.0 <= factor < 100
+    penalty = cold_penalty(coded, [0.0] * len(coded), None)
+    assert 0.0 < penalty < 0.01  # a cold decode of 60 bytes: microseconds
 
 
-def test_measure_raw_units_cost_no_decode() -> None:
+def test_a_dictionary_candidate_pays_its_own_cold_penalty_per_chunk() -> None:
+    # The reference's cold factor doubles its warm decode; a dictionary candidate of the same
+    # decoder decodes warm as the reference does (paired), and cold pays its own penalty,
+    # measured on the class (`dictionary_penalty`), once per chunk of the class, not the
+    # reference's factor. NONE costs its bytes' verifying and a cold penalty per chunk.
+    import fanfs.optimizer.measurement as optimizer
+
+    zstd19d = Candidate(ZSTD19.spec, use_dict=True)
+    units = [bytes([i]) * 65536 for i in range(8)]
+    cls = ClassSample(
+        "c/*.txt", files=100, total_bytes=100 * 65536, chunks=100, units=units, dictionary=b"d"
+    )
+    warm = tuple(1e-4 for _ in units)
+    ref_m = Measurement(8, 8 * 65536, 8 * 20000, 16e-4, 0.0, 0.0, (20000,) * 8, warm, 2.0)
+    odd = warm[1::2]
+    dict_m = Measurement(4, 4 * 65536, 4 * 9000, 8e-4, 0.0, 0.0, (9000,) * 4, odd, 2.0, odd)
+    totals = {(cls.name, REFERENCE): ref_m, (cls.name, zstd19d): dict_m}
+    penalty = {(cls.name, zstd19d.spec.codec_id): 5e-5}
+    prof = optimizer._project(
+        cls, [NONE, REFERENCE, zstd19d], totals, REFERENCE, penalty, (1e-9, 1e-5)
+    )
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:3"].decode_s == pytest.approx(100 * 2e-4)  # warm 1e-4 a chunk, times 2
+    assert by["zstd:19+dict"].decode_s == pytest.approx(100 * 1e-4 + 100 * 5e-5)
+    assert by["none"].decode_s == pytest.approx(100 * 65536 * 1e-9 + 100 * 1e-5)
+    # without a penalty of its own (injected measurements), the reference's factor
+    prof = optimizer._project(cls, [NONE, REFERENCE, zstd19d], totals, REFERENCE)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19+dict"].decode_s == pytest.approx(100 * 2e-4)
+    assert by["none"].decode_s == 0.0
+
+
+def test_dictionary_penalty_on_real_data() -> None:
+    from fanfs.compression import train_dictionary
+    from fanfs.optimizer.measurement import dictionary_penalty
+
+    rng = random.Random(7)
+    units = [
+        json.dumps({"id": i, "name": "item %d" % rng.randrange(10**6), "tags": ["a", "b"]}).encode()
+        * 8
+        for i in range(400)
+    ]
+    cls = ClassSample("c/*.json", files=400, total_bytes=sum(map(len, units)), units=units)
+    assert dictionary_penalty(cls, Candidate(ZSTD3.spec, use_dict=True)) == (0.0, 0.0)
+    cls.dictionary = train_dictionary(units[0::2], 4096)
+    assert cls.dictionary is not None
+    penalty, seconds = dictionary_penalty(cls, Candidate(ZSTD3.spec, use_dict=True))
+    assert 0.0 <= penalty < 0.01  # a cold decode of 500 bytes: microseconds
+    assert 0.0 < seconds < 60
+
+
+def test_raw_serving_on_real_data() -> None:
+    # A class stored raw still costs its verifying, per byte, and a cold penalty per chunk.
+    from fanfs.optimizer.measurement import raw_serving
+
+    assert raw_serving(ClassSample("c/*.x")) == (0.0, 0.0, 0.0)
+    rng = random.Random(9)
+    units = [rng.randbytes(rng.randrange(100, 5000)) for _ in range(100)]
+    per_byte, per_chunk, seconds = raw_serving(ClassSample("c/*.x", units=units))
+    assert 0.0 < per_byte < 1e-6  # a checksum runs at GB/s, not KB/s
+    assert 0.0 <= per_chunk < 0.01
+    assert 0.0 < seconds < 60
+
+
+def test_measure_raw_units_cost_their_checksum(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The daemon verifies a raw chunk (its crc32, bound to the chunk's id) before serving
+    # it, and counts that in `decode_ns`: a raw unit is timed as that, and never decoded.
+    import fanfs.optimizer.measurement as optimizer
+
+    verified: list[int] = []
+    monkeypatch.setattr(
+        optimizer, "chunk_crc", lambda data, chunk, binds: verified.append(len(data)) or 0
+    )
+    decoded: list[int] = []
+    real = optimizer.decompress
+    monkeypatch.setattr(
+        optimizer, "decompress", lambda codec, *a: decoded.append(codec) or real(codec, *a)
+    )
     units = [random.Random(1).randbytes(20_000)]  # incompressible: stored raw by the pack
-    m = measure("c", ZSTD3, units, None)
-    assert (m.stored_bytes, m.decode_s) == (20_000, 0.0)
+    m = optimizer.measure("c", ZSTD3, units, None)
+    assert m.stored_bytes == 20_000
+    assert m.decode_s > 0.0
+    # each pass and each cold timing verifies it, and hands it back as it is
+    assert verified and set(verified) == {20_000}
+    assert decoded and set(decoded) == {0}
 
 
 @pytest.mark.parametrize(
