@@ -573,22 +573,25 @@ def profile(
             seen.setdefault(cand, []).append(_cost(m) / max(m.raw_bytes, 1))
             class_spent += _cost(m)
             pairs.append((cand, units, m))
+        # The class's own cold costs, out of its share before the extending rounds (injected
+        # measurements have no objects of their own to time cold).
+        if measure_fn is measure:
+            for cand, _, _ in pairs:
+                key = (cls.name, cand.spec.codec_id)
+                if cand.use_dict and key not in penalties:
+                    cheapest = min(
+                        (c for c in candidates if c.use_dict and c.spec.codec_id == key[1]),
+                        key=lambda c: (cost_rank(c), str(c)),
+                    )
+                    penalties[key], took = dictionary_penalty(cls, cheapest)
+                    class_spent += took
+            if cls.name not in raw:
+                per_byte, per_chunk, took = raw_serving(cls)
+                raw[cls.name] = (per_byte, per_chunk)
+                class_spent += took
         extended = _extend(cls, pairs, share - class_spent, measure_fn)
         for cand, m in extended:
             totals[(cls.name, cand)] = m
-            key = (cls.name, cand.spec.codec_id)
-            # (injected measurements have no objects of their own to time cold)
-            if cand.use_dict and key not in penalties and measure_fn is measure:
-                cheapest = min(
-                    (c for c in candidates if c.use_dict and c.spec.codec_id == key[1]),
-                    key=lambda c: (cost_rank(c), str(c)),
-                )
-                penalties[key], took = dictionary_penalty(cls, cheapest)
-                class_spent += took
-        if cls.name not in raw and measure_fn is measure:
-            per_byte, per_chunk, took = raw_serving(cls)
-            raw[cls.name] = (per_byte, per_chunk)
-            class_spent += took
         spent += class_spent + sum(
             _cost(m) - _cost(p) for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
         )
@@ -924,14 +927,13 @@ def _paired_decode(
     reference's, measured over the whole sample, and other codecs keep their own, as does a
     shuffle (undoing it is a pass over the output of its own: on the real FITS images
     zstd:19+shuf4 was projected to decode as fast as zstd:3, and its blocks took 1.6x the
-    projection). A dictionary's own factor, with the caches evicted before every object, came out
-    2-3x the decode a mount measured class by class (the real dataset's Python, Go and SVG
-    classes): a class's files read together keep its dictionary in the caches. Such a
-    candidate (zstd decodes about as fast at every level) is taken to decode exactly as
-    fast as the reference unless the per-unit differences show otherwise by WIN_SIGMAS
-    standard errors and by more than SAME_DECODE: the balanced mode's budget is the
-    reference's own decode, and a level that differs by noise alone would otherwise be kept
-    out of it, or let in, by chance."""
+    projection). A dictionary candidate's cold cost is its own (`dictionary_penalty`, added
+    in `_project`); here it shares the reference's like the other levels. A candidate of
+    the reference's decoder (zstd decodes about as fast at every level) is taken to decode
+    exactly as fast as the reference unless the per-unit differences show otherwise by
+    WIN_SIGMAS standard errors and by more than SAME_DECODE: the balanced mode's budget is
+    the reference's own decode, and a level that differs by noise alone would otherwise be
+    kept out of it, or let in, by chance."""
     n = len(m.unit_decode)
     if not n:
         return math.nan
