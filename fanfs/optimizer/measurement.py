@@ -138,9 +138,9 @@ class Measurement:
     decodes), counted against the time budget only. `unit_stored` holds each unit's stored
     size, in order (empty when a measuring function does not report it), and `unit_decode`
     each unit's decode seconds with warm caches (empty likewise), which `decode_s` is
-    `cold` times (the cold-cache factor: the passes' time plus `cold_penalty` for each coded
-    unit, over the passes' time): `profile` compares candidates with
-    the reference on exactly the same units. `beside` holds REFERENCE's warm decode seconds
+    `cold` times (the cold-cache factor: the passes' time plus `cold_penalty` for each unit,
+    over the passes' time): `profile` compares candidates with the reference on exactly the
+    same units. `beside` holds REFERENCE's warm decode seconds
     of each of the same units, timed in the same passes, unit by unit beside the candidate's
     (empty when not measured so): a comparison that the machine's speed, which drifts
     between measurements, cannot move.
@@ -189,9 +189,9 @@ def measure(
     checksum, `_serve`: what the daemon counts) is timed in this thread's CPU time (what a
     decode costs the serving process, whatever else the machine runs): the fastest of
     DECODE_PASSES passes over the units, plus `cold_penalty` for each unit (a mount decodes
-    with cold caches). Compression is timed in CPU time too: a pack
-    compresses on every core, so its wall time is about the CPU time over the jobs, and the
-    machine's other work does not inflate the estimate.
+    with cold caches). Compression is timed in CPU time too: a pack compresses on every
+    core, so its wall time is about the CPU time over the jobs, and the machine's other work
+    does not inflate the estimate.
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
@@ -335,8 +335,10 @@ def cold_penalty(objects: Objects, warm: Sequence[float], dic: bytes | None) -> 
 # A dictionary candidate's cold cost is its own (the dictionary's content and tables are
 # read again), not the reference's: it is measured once per class and codec, on this many
 # units spread over those the dictionary was not trained on. Measured on a pilot's few
-# units it came out 1.5-3x what the mount paid per object; on 32 units of the class,
-# 0.8-1.2x for the real dataset's eight dictionary classes (docs/benchmarks.md).
+# units it came out 1.5-3x what the mount paid per object; on 32 units of the class, 0.8-1.2x
+# for the real dataset's eight dictionary classes in an offline prototype, and through the
+# mount a balanced pack's shuffled epoch within 2-4% of the plan's in two runs of three
+# (docs/benchmarks.md, "2026-11-27, evening").
 DICT_COLD_UNITS: Final = 32
 
 
