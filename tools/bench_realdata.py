@@ -19,7 +19,9 @@ the mount against the plan's prediction: one reader reads each class in walk ord
 mount (read-ahead on, no object cache, the page cache dropped per file), and the daemon's own
 decode time (`decode_ns`: verify and decode) is taken, median of `--passes` mounts. With
 `--epoch`, each of those packs is also read whole once in a shuffled order across all classes
-(read-ahead off, then on), as a training epoch reads it, against the plan's epoch.
+(read-ahead off, then on), as a training epoch reads it, against the plan's epoch; and when
+the default system is built too, against the default pack's own epochs (`--epoch-repeats`
+rounds, in turn): what the balanced mode promises, measured without the plan's model.
 
 Systems:
 - default: `fanfs pack` (zstd:3)
@@ -43,6 +45,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -450,6 +453,48 @@ def shuffled_epoch(
     return _decode_ns(log_path) / 1e9
 
 
+def against_default(
+    results: dict[str, dict[str, Any]], names: list[str], tree: Path, work: Path, repeats: int
+) -> None:
+    """The balanced mode's promise measured directly: shuffled epochs (`shuffled_epoch`, the
+    same order) of each pack in `names` and of the default zstd:3 pack, in turn, `repeats`
+    times with read-ahead off and then on, so that the host's drift moves them alike; the
+    medians against the default's. (The plan compares with its own model of zstd:3, which
+    left a dictionary's cold cost out: a balanced pack of 6a54d53's plan decoded 1.13-1.26x
+    the default's epoch, docs/benchmarks.md "2026-11-27, evening".)"""
+    plan = results[names[0]]["inspect"]["plan"]  # (its classes cover every file)
+    everyone = ["default", *names]
+    print("\n### The same shuffled epoch against the default pack's\n")
+    print(
+        "Each pack and the default (zstd:3) pack read in turn, %d times per read-ahead "
+        "setting, fresh mounts; medians.\n" % repeats
+    )
+    print("| pack | MB | read-ahead | epochs s | median s | / default |")
+    print("|---|---|---|---|---|---|")
+    for prefetch in (False, True):
+        times: dict[str, list[float]] = {n: [] for n in everyone}
+        for _ in range(repeats):
+            for n in everyone:
+                log("epoch against the default: %s, read-ahead %s", n, prefetch)
+                path = Path(results[n]["path"])
+                times[n].append(shuffled_epoch(path, tree, plan, work, prefetch=prefetch))
+        base = statistics.median(times["default"])
+        for n in everyone:
+            med = statistics.median(times[n])
+            results[n]["epoch_vs_default_readahead" if prefetch else "epoch_vs_default"] = med
+            print(
+                "| %s | %s | %s | %s | %.3f | %.2f |"
+                % (
+                    n,
+                    _mb(results[n]["bytes"]),
+                    "on" if prefetch else "off",
+                    " ".join("%.3f" % t for t in times[n]),
+                    med,
+                    med / base,
+                )
+            )
+
+
 def predicted_epoch(plan: dict[str, Any], order: str) -> float:
     """The plan's decode seconds for an epoch: every class's, a solid class's as read in
     `order` ("random": each member decodes its block; "walk": each block once)."""
@@ -476,12 +521,25 @@ def main() -> int:
         metavar="SYSTEMS",
         help="auto packs (e.g. auto-balanced,auto-capacity) to measure per class through the mount",
     )
-    ap.add_argument("--passes", type=int, default=3, help="mounts per class with --per-class")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=3,
+        help="mounts per class with --per-class (0: no per-class table, for --epoch alone)",
+    )
     ap.add_argument(
         "--epoch",
         action="store_true",
         help="with --per-class: also read each pack's whole dataset once in a shuffled order "
         "(read-ahead off, then on) and compare its decode with the plan's epoch",
+    )
+    ap.add_argument(
+        "--epoch-repeats",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --epoch and the default system: shuffled epochs of each pack and of the "
+        "default (zstd:3) pack, in turn, N times; medians against the default's",
     )
     ap.add_argument("--keep", action="store_true", help="keep the packs")
     ap.add_argument(
@@ -544,8 +602,8 @@ def main() -> int:
                 % (row["class"], row["files"], _mb(row["bytes"]), " | ".join(cells))
             )
     checked = [n for n in args.per_class.split(",") if n in auto]
-    if checked:
-        packs = {n: Path(results[n]["path"]) for n in checked}
+    packs = {n: Path(results[n]["path"]) for n in checked}
+    if checked and args.passes > 0:
         for n in checked:
             log("per-class decode through the mount: %s", n)
             plan = results[n]["inspect"]["plan"]
@@ -633,6 +691,8 @@ def main() -> int:
                     "| %s | %s | %.3f | %.3f | %.2f | %.3f | %.2f |"
                     % (n, "on" if prefetch else "off", got, rand, got / rand, walk, got / walk)
                 )
+        if results.get("default", {}).get("path"):
+            against_default(results, checked, tree, work, args.epoch_repeats)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     res_path = args.cache / ("results-%s.json" % stamp)
     res_path.write_text(
