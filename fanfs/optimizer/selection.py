@@ -156,7 +156,16 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
 
 def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
     """Choose one estimate per class for `objective`; infeasible objectives return the
-    closest plan (feasible=False and a one-line `problem`)."""
+    closest plan (feasible=False and a one-line `problem`).
+
+    A decode budget below what storing every class raw costs (its chunks are verified and
+    served too: `measurement.raw_serving`) is taken as that floor: a pack can always store
+    raw, as it could when raw was counted as free."""
+    floor = sum(
+        min((e.decode_s for e in p.estimates if e.candidate == NONE), default=0.0) for p in profiles
+    )
+    if objective.budget_s is not None and objective.budget_s < floor:
+        objective = Objective(objective.mode, floor, objective.capacity_bytes)
     opts = _options(profiles)
     if objective.mode == "capacity":
         return _select_capacity(opts, objective)

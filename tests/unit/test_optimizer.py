@@ -177,6 +177,25 @@ def test_a_candidate_that_stores_the_class_raw_never_beats_none() -> None:
         assert [e.candidate for e in sel.choices] == [NONE]
 
 
+def test_a_budget_below_the_raw_serving_cost_still_stores_raw() -> None:
+    # none costs its chunks' verifying; a decode budget below that is the floor, not an
+    # infeasible plan: raw is always possible.
+    profiles = [
+        ClassProfile(
+            "c/*.txt",
+            10,
+            1000,
+            [Estimate(NONE, 1000, 0.2, 0.0, 1, 1000), Estimate(ZSTD3, 300, 0.5, 1.0, 1, 1000)],
+        )
+    ]
+    for budget in (0.0, 0.1, 0.2):
+        sel = select(profiles, Objective("sync", budget))
+        assert sel.feasible
+        assert [e.candidate for e in sel.choices] == [NONE]
+    sel = select(profiles, Objective("sync", 0.5))
+    assert sel.feasible and [e.candidate for e in sel.choices] == [ZSTD3]
+
+
 def test_zero_budget_stores_everything_raw() -> None:
     sel = select(PROFILES, Objective("prefetch", 0.0))
     assert sel.feasible
