@@ -46,7 +46,8 @@ def parse_percent(text: str, most: float = 1.0) -> float:
             % (text, text.strip(), value / 100)
         )
     if not 0 <= value <= most:
-        raise UsageError("invalid percentage %r (expected 0%% to %g%%)" % (text, 100 * most))
+        bound = "0%% to %g%%" % (100 * most) if math.isfinite(most) else "at least 0%"
+        raise UsageError("invalid percentage %r (expected %s)" % (text, bound))
     return value
 
 

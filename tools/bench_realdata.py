@@ -549,6 +549,8 @@ def main() -> int:
         "--per-class on new mount code; implies --keep)",
     )
     args = ap.parse_args()
+    if args.epoch_repeats < 1 or args.passes < 0:
+        ap.error("--epoch-repeats must be at least 1 and --passes at least 0")
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     os.environ["PYTHONPATH"] = str(REPO)
     tree = build_dataset(args.cache, args.quick)

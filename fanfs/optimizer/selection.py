@@ -132,7 +132,8 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
     # keeps the frontier small. Sorted by size so that ties resolve deterministically.
     out = []
     for prof in profiles:
-        # On a tie, none first: an incompressible class is stored raw and costs no decode.
+        # On a tie, none first: an incompressible class is stored raw, verified but never
+        # decoded.
         # A candidate that loses to the reference (no faster, not shown smaller on the same
         # units) is never an option: the default codec is never replaced by a worse one.
         # Nor is one that stores the class no smaller than none does: it stores it raw, and

@@ -572,6 +572,8 @@ def test_parse_percent() -> None:
         with pytest.raises(UsageError, match=r"\(expected 0% to 100%\)$"):
             parse_percent(text)
     assert parse_percent("1000%", math.inf) == pytest.approx(10.0)  # --max-overhead
+    with pytest.raises(UsageError, match=r"^invalid percentage '-5%' \(expected at least 0%\)$"):
+        parse_percent("-5%", math.inf)
 
 
 def test_parse_candidates() -> None:
