@@ -166,6 +166,14 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         % _MOUNT_PROCESSES,
     )
     g.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="balanced: nodes that read the dataset each epoch; a solid block of small files "
+        "is decoded once on each node that reads one of its files (default 1)",
+    )
+    g.add_argument(
         "--capacity",
         default=None,
         metavar="SIZE",

@@ -85,6 +85,17 @@ def _number(text: str, what: str, *, positive: bool) -> float:
     return value
 
 
+def _nodes(value: int | None, mode: str) -> int:
+    """--nodes: the balanced mode's (its solid blocks' decode per epoch depends on it)."""
+    if value is None:
+        return 1
+    if mode != "balanced":
+        raise UsageError("--nodes applies to --mode balanced (not %s)" % mode)
+    if value < 1:
+        raise UsageError("--nodes must be at least 1 (got %d)" % value)
+    return value
+
+
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     files_rate, bytes_rate = parse_rate(args.target_rate) if args.target_rate else (None, None)
     # Without --mode: prefetch if a target rate is given, sync if a sync option is, else
@@ -132,6 +143,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         ),
         plan_share=parse_percent(args.plan_share),
         jobs=getattr(args, "jobs", 0) or os.cpu_count() or 1,
+        nodes=_nodes(args.nodes, "capacity" if capacity is not None else mode),
         seed=args.seed,
         candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
     )

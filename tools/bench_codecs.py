@@ -405,7 +405,7 @@ def predicted(plan: dict[str, Any], codec: str) -> tuple[int, float] | None:
     plan's per-class estimates; None if the plan did not profile `codec` for every class."""
     size, decode = 0, 0.0
     for row in plan["classes"]:
-        ests = {c["codec"]: c for c in row["candidates"]}
+        ests = {c["codec"]: c for c in row["candidates"] if not c.get("solid")}
         if codec not in ests:
             return None
         size += ests[codec]["projected_bytes"]
@@ -631,7 +631,14 @@ def per_class(work: Path, rels: list[str], packs: dict[str, Any], args: argparse
                 if name.startswith("auto-")
                 else name
             )
-            est = next((c["decode_s"] for c in row["candidates"] if c["codec"] == codec), None)
+            est = next(
+                (
+                    c["decode_s"]
+                    for c in row["candidates"]
+                    if c["codec"] == codec and not c.get("solid")
+                ),
+                None,
+            )
             got = statistics.median(read_s[(cls, name)]) - base
             if not est:
                 continue
@@ -818,7 +825,7 @@ def sweep(plan: dict[str, Any], budgets: list[float]) -> list[dict[str, Any]]:
     profiles = [
         ClassProfile(row["class"], row["files"], row["bytes"], [
             Estimate(cands[e["codec"]], e["projected_bytes"], e["decode_s"], e["compress_s"], e["sample_units"],
-                     e["sample_bytes"]) for e in row["candidates"]])
+                     e["sample_bytes"]) for e in row["candidates"] if not e.get("solid")])
         for row in plan["classes"]
     ]  # fmt: skip
     singles = {c: predicted(plan, c) for c in cands if not c.endswith("+dict")}

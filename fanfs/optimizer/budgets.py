@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -20,6 +21,7 @@ from fanfs.optimizer.classes import FileRef
 from fanfs.optimizer.measurement import (
     DECODE_PASSES,
     ClassProfile,
+    Estimate,
     MeasureFn,
     PlanCost,
     confirm,
@@ -57,6 +59,7 @@ class PlanSettings:
     time_budget_s: float | None = None
     plan_share: float = 0.25
     jobs: int = 1  # the pack's compression threads (its predicted time divides by them)
+    nodes: int = 1  # balanced: nodes that read the dataset each epoch (`node_decodes`)
     seed: int = 0
     candidates: tuple[Candidate, ...] = field(
         default_factory=lambda: parse_candidates(DEFAULT_CODECS)
@@ -163,8 +166,10 @@ def make_plan(
     """Sample, profile and select: the whole of `fanfs plan`."""
     start = time.perf_counter()
     budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
-    # Solid blocks are for the capacity-leaning modes, whose budget absorbs their decode.
-    solid_block = solid_block if settings.mode == "capacity" or budget_mode == "prefetch" else 0
+    # Solid blocks: the capacity-leaning modes count each member decoding its block, which
+    # their budget absorbs; the balanced mode counts a block decoded once per node
+    # (`_balanced_solid`). A sync budget is for one reader that may read anything.
+    solid_block = solid_block if budget_mode != "sync" or settings.mode == "capacity" else 0
     classes, reads = sample_classes(
         files,
         chunk_size=chunk_size,
@@ -246,9 +251,23 @@ def make_plan(
     solid_decode: dict[str, SolidDecode] = {}
     if solid_block:
         seconds = cost.budget_s * SOLID_SHARE / codecs_share
-        solid_decode = _solid_classes(
-            classes, selection, budget, solid_block, measure_fn, cost, seconds
-        )
+        if settings.mode == "balanced":
+            assert budget is not None
+            profiles, selection, solid_decode = _balanced_solid(
+                classes,
+                profiles,
+                selection,
+                budget,
+                solid_block,
+                settings.nodes,
+                measure_fn,
+                cost,
+                seconds,
+            )
+        else:
+            solid_decode = _solid_classes(
+                classes, selection, budget, solid_block, measure_fn, cost, seconds
+            )
     cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
     return Plan(
         settings,
@@ -391,6 +410,73 @@ SOLID_SHARE: Final = 0.15
 SOLID_MIN_SAVING: Final = 0.01
 
 
+@dataclass(frozen=True, slots=True)
+class _SolidProjection:
+    """A candidate measured on a class's runs of small files alone and in solid blocks
+    (`_project_solid`), projected onto the class: the bytes the blocks save, the decode of
+    the class's larger files (what the selection projected for them) and of its blocks
+    each decoded once, and the blocks' mean members."""
+
+    saved: float
+    rest_s: float
+    blocks_s: float
+    members: float
+
+    @property
+    def walk_s(self) -> float:
+        """The class read in walk order: each block decoded once."""
+        return self.rest_s + self.blocks_s
+
+    @property
+    def random_s(self) -> float:
+        """The class read file by file with no block kept: each member decodes its block."""
+        return self.rest_s + self.blocks_s * self.members
+
+
+def _project_solid(
+    cls: ClassSample, est: Estimate, block: int, measure_fn: MeasureFn, cost: PlanCost
+) -> tuple[_SolidProjection | None, float]:
+    """`est`'s candidate measured on `cls`'s runs alone and grouped into blocks of `block`
+    bytes, as the pack groups them (`ClassSample.runs`, consecutive in walk order); None
+    unless grouped is SOLID_MIN_SAVING smaller. Also returns the CPU seconds measuring took
+    (added to `cost`)."""
+    cand = est.candidate
+    units: list[bytes] = []
+    blocks: list[bytes] = []
+    for run in cls.runs:
+        group = bytearray()
+        for u in run:
+            if group and len(group) + len(u) > block:
+                blocks.append(bytes(group))
+                group = bytearray()
+            group += u
+            units.append(u)
+        if group:
+            blocks.append(bytes(group))
+    alone = measure_fn(cls.name, cand, units, cls.dictionary)
+    grouped = measure_fn(cls.name, cand, blocks, cls.dictionary)
+    took = (
+        alone.compress_s + grouped.compress_s + DECODE_PASSES * (alone.decode_s + grouped.decode_s)
+    )
+    cost.measure_s += took
+    if alone.stored_bytes <= 0 or grouped.stored_bytes > alone.stored_bytes * (
+        1 - SOLID_MIN_SAVING
+    ):
+        return None, took
+    # Projected onto the class's small files: their share of the sample's bytes.
+    small_share = _small_share(cls, block)
+    scale = cls.total_bytes * small_share / max(alone.raw_bytes, 1)
+    return (
+        _SolidProjection(
+            (alone.stored_bytes - grouped.stored_bytes) * scale,
+            est.decode_s * (1 - small_share),
+            grouped.decode_s * scale,
+            len(units) / len(blocks),
+        ),
+        took,
+    )
+
+
 def _solid_classes(
     classes: Sequence[ClassSample],
     selection: Selection,
@@ -400,63 +486,30 @@ def _solid_classes(
     cost: PlanCost,
     seconds: float = math.inf,
 ) -> dict[str, SolidDecode]:
-    """The classes whose files of at most block / 4 bytes are better stored in solid blocks
-    of `block` bytes: the chosen codec measured on the class's runs of small files
-    (`ClassSample.runs`, consecutive in walk order, as the pack groups them) alone and
-    grouped, grouped smaller by SOLID_MIN_SAVING. Reading one such file decodes its whole
-    block, so a class's decode is projected with that amplification (each member pays its
-    block's decode: the worst case of a random epoch), and classes join, best saving per
-    second of decode first, while the plan's decode stays within `budget`. Measuring stops
-    once it has taken `seconds` (CPU, as the plan's budget counts; classes largest first).
-    Returns the chosen classes with their projected decode (`SolidDecode`)."""
+    """The capacity-leaning modes' solid classes: those whose files of at most block / 4
+    bytes are better stored in solid blocks of `block` bytes with the chosen codec
+    (`_project_solid`). Reading one such file decodes its whole block, so a class's decode
+    is projected with that amplification (each member pays its block's decode: the worst
+    case of a random epoch), and classes join, best saving per second of decode first,
+    while the plan's decode stays within `budget`. Measuring stops once it has taken
+    `seconds` (CPU, as the plan's budget counts; classes largest first). Returns the chosen
+    classes with their projected decode (`SolidDecode`)."""
     offers: list[tuple[float, float, str]] = []
     decodes: dict[str, SolidDecode] = {}
     spent = 0.0
     for cls, est in zip(classes, selection.choices, strict=True):
-        cand = est.candidate
-        if cand == NONE or not cls.runs:
+        if est.candidate == NONE or not cls.runs:
             continue
         if spent >= seconds:
             log.debug("%s: solid blocks not measured (time budget)", cls.name)
             continue
-        units: list[bytes] = []
-        blocks: list[bytes] = []
-        for run in cls.runs:
-            group = bytearray()
-            for u in run:
-                if group and len(group) + len(u) > block:
-                    blocks.append(bytes(group))
-                    group = bytearray()
-                group += u
-                units.append(u)
-            if group:
-                blocks.append(bytes(group))
-        alone = measure_fn(cls.name, cand, units, cls.dictionary)
-        grouped = measure_fn(cls.name, cand, blocks, cls.dictionary)
-        took = (
-            alone.compress_s
-            + grouped.compress_s
-            + DECODE_PASSES * (alone.decode_s + grouped.decode_s)
-        )
-        cost.measure_s += took
+        got, took = _project_solid(cls, est, block, measure_fn, cost)
         spent += took
-        if alone.stored_bytes <= 0 or grouped.stored_bytes > alone.stored_bytes * (
-            1 - SOLID_MIN_SAVING
-        ):
+        if got is None:
             continue
-        # Projected onto the class's small files: their share of the sample's bytes.
-        sampled = cls.measure_units
-        small_share = sum(len(u) for u in sampled if 0 < len(u) <= block // 4) / max(
-            sum(len(u) for u in sampled), 1
-        )
-        scale = cls.total_bytes * small_share / max(alone.raw_bytes, 1)
-        saved = (alone.stored_bytes - grouped.stored_bytes) * scale
-        extra_s = max(grouped.decode_s * len(units) / len(blocks) - alone.decode_s, 0.0) * scale
-        offers.append((saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
-        # In walk order the small files cost their blocks' decode once; the rest of the class
-        # (its larger files) what the selection projected for it.
-        rest_s = est.decode_s * (1 - small_share)
-        decodes[cls.name] = SolidDecode(rest_s + grouped.decode_s * scale, est.decode_s + extra_s)
+        extra_s = max(got.random_s - est.decode_s, 0.0)
+        offers.append((got.saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
+        decodes[cls.name] = SolidDecode(got.walk_s, got.random_s)
     chosen: dict[str, SolidDecode] = {}
     decode_s = selection.decode_s
     for _, extra_s, name in sorted(offers, reverse=True):
@@ -464,6 +517,106 @@ def _solid_classes(
             chosen[name] = decodes[name]
             decode_s += extra_s
     return chosen
+
+
+# The balanced mode counts a solid block decoded once per epoch on each node that reads one
+# of its members: the first READ of a member decodes the block, and the mount pushes the
+# others into the page cache (`Prefetcher.push_mates`), where they stay through the epoch
+# while the classes' small files fit in memory. The plan assumes that for the smallest
+# classes up to this many bytes of small files in all, and for any beyond it the worst
+# case, each member decoding its block.
+SOLID_RESIDENT_BYTES: Final = 4 << 30
+
+
+def node_decodes(members: float, nodes: int) -> float:
+    """Expected decodes of a solid block of `members` files in an epoch that `nodes` nodes
+    read, each an equal random share of the files, each keeping what it decoded (pushed)
+    through the epoch: a node decodes the block when it reads any of its members,
+    1 - (1 - 1/nodes)^members. One node: 1; many nodes: up to `members`."""
+    if nodes <= 1:
+        return 1.0
+    return min(members, nodes * (1.0 - (1.0 - 1.0 / nodes) ** members))
+
+
+def _balanced_solid(
+    classes: Sequence[ClassSample],
+    profiles: list[ClassProfile],
+    selection: Selection,
+    budget: float,
+    block: int,
+    nodes: int,
+    measure_fn: MeasureFn,
+    cost: PlanCost,
+    seconds: float = math.inf,
+) -> tuple[list[ClassProfile], Selection, dict[str, SolidDecode]]:
+    """The balanced mode's solid blocks, chosen with the codecs: for each class with runs of
+    small files, its chosen candidate and its densest (a dictionary costs a tiny file more
+    than it costs a block) measured in solid blocks (`_project_solid`) become options
+    of the class, decoding what an epoch on `nodes` nodes costs (`node_decodes` per block;
+    each member its block beyond SOLID_RESIDENT_BYTES), and the selection is made again
+    within the same budget. Measuring stops once it has taken `seconds` (the classes with
+    the most bytes in small files first). Returns the profiles with those options, the
+    selection, and the solid classes' decode (`SolidDecode`)."""
+    resident: set[str] = set()
+    held = 0
+    for cls in sorted(classes, key=lambda c: c.total_bytes):
+        small = _small_share(cls, block) * cls.total_bytes
+        if held + small <= SOLID_RESIDENT_BYTES:
+            resident.add(cls.name)
+            held += int(small)
+    out = list(profiles)
+    decodes: dict[tuple[str, Estimate], SolidDecode] = {}
+    spent = 0.0
+    # The classes with the most bytes in small files first (those the blocks can shrink).
+    order = sorted(
+        range(len(classes)),
+        key=lambda i: -_small_share(classes[i], block) * classes[i].total_bytes,
+    )
+    for i in order:
+        cls, prof, chosen = classes[i], profiles[i], selection.choices[i]
+        plain = [e for e in prof.estimates if not e.loses and e.candidate != NONE]
+        if not cls.runs or not plain:
+            continue
+        densest = min(plain, key=lambda e: (e.stored_bytes, e.decode_s))
+        options = []
+        for est in dict.fromkeys(e for e in (chosen, densest) if e.candidate != NONE):
+            if spent >= seconds:
+                log.debug("%s: solid blocks not measured (time budget)", cls.name)
+                break
+            got, took = _project_solid(cls, est, block, measure_fn, cost)
+            spent += took
+            if got is None:
+                continue
+            epoch_s = (
+                got.rest_s + got.blocks_s * node_decodes(got.members, nodes)
+                if cls.name in resident
+                else got.random_s
+            )
+            option = dataclasses.replace(
+                est,
+                stored_bytes=max(int(est.stored_bytes - got.saved), 0),
+                decode_s=epoch_s,
+                solid=True,
+            )
+            options.append(option)
+            decodes[(cls.name, option)] = SolidDecode(got.walk_s, got.random_s)
+        out[i] = dataclasses.replace(prof, estimates=[*prof.estimates, *options])
+    again = select(out, Objective("balanced", budget))
+    solid = {
+        prof.name: decodes[(prof.name, est)]
+        for prof, est in zip(out, again.choices, strict=True)
+        if est.solid
+    }
+    return out, again, solid
+
+
+def _small_share(cls: ClassSample, block: int) -> float:
+    """The share of `cls`'s sampled bytes in files of at most block / 4 bytes (those the pack
+    puts into solid blocks)."""
+    sampled = cls.measure_units
+    return sum(len(u) for u in sampled if 0 < len(u) <= block // 4) / max(
+        sum(len(u) for u in sampled), 1
+    )
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:
@@ -503,6 +656,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                 "candidates": [
                     {
                         "codec": str(e.candidate),
+                        "solid": e.solid,  # an option with the class's small files in blocks
                         "projected_bytes": e.stored_bytes,
                         "decode_s": round(e.decode_s, 6),
                         "compress_s": round(e.compress_s, 6),
@@ -541,6 +695,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             else None,
             "plan_share": s.plan_share if s.time_budget_s is None else None,
             "jobs": s.jobs,
+            "nodes": s.nodes,
             "seed": s.seed,
             "chunk_size": plan.chunk_size,
             "candidates": [str(c) for c in s.candidates],

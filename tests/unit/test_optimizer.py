@@ -871,6 +871,12 @@ def test_plan_command_json(tree: Path) -> None:
             "--compute-ms applies to --mode sync (not balanced)",
         ),
         (["--read-mbps", "100"], "give both --read-mbps and --read-latency-ms, or neither"),
+        (["--nodes", "0"], "--nodes must be at least 1 (got 0)"),
+        (["--nodes", "4", "--mode", "sync"], "--nodes applies to --mode balanced (not sync)"),
+        (
+            ["--nodes", "4", "--capacity", "1GB"],
+            "--nodes applies to --mode balanced (not capacity)",
+        ),
         (["--decode-cores", "0"], "--decode-cores must be a positive number (got '0')"),
         (["--target-rate", "fast"], "invalid rate 'fast' (expected e.g. 2000files/s or 500MB/s)"),
         (
@@ -1316,6 +1322,113 @@ def test_solid_blocks_whose_read_amplification_breaks_the_budget_are_not_chosen(
     the small files' decode is projected 16 times larger, past a budget of twice the plan's."""
     assert _solid_case(gain=1.5, budget=0.002, decode_per_byte=1e-9) == set()
     assert _solid_case(gain=1.5, budget=0.1, decode_per_byte=1e-9) == {"src/*.txt"}
+
+
+# --- solid blocks in the balanced mode: options of the selection (injected measurements) ------
+
+
+def _per_object_measure(fixed: float, gain: float = 1.5) -> MeasureFn:
+    """Decoding costs `fixed` seconds per object plus 1 ns a byte (a mount's cold caches make
+    tiny objects cost about the same whatever their size); units stored at half their size
+    alone, a block of grouped units (over 2 KiB) `gain` times smaller still; zstd:19 stores
+    20% less than zstd:3."""
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        raw = sum(len(u) for u in units)
+        dense = 0.8 if cand.spec.level >= 19 else 1.0
+        stored = sum(int(len(u) / 2 * dense / (gain if len(u) > 2048 else 1)) for u in units)
+        return Measurement(len(units), raw, stored, len(units) * fixed + raw * 1e-9, raw * 1e-9)
+
+    return fn
+
+
+def _tiny_files() -> tuple[ClassSample, ClassProfile]:
+    """1,000 files of 1,000 bytes, four runs of 16 sampled (a 16 KiB block each). Per file,
+    zstd:3 stores 600 KB and decodes in 30 ms, zstd:19 stores 500 KB in 65 ms."""
+    cls = ClassSample("src/*.txt", files=1000, total_bytes=1_000_000, units=[b"x" * 1000] * 64)
+    cls.runs = [[b"x" * 1000] * 16] * 4
+    prof = _prof("src/*.txt", 1_000_000, (ZSTD3, 600_000, 0.030), (ZSTD19, 500_000, 0.065))
+    return cls, prof
+
+
+def _balanced_solid_case(
+    classes: list[ClassSample], profiles: list[ClassProfile], budget: float, nodes: int = 1
+) -> tuple[Any, dict[str, Any]]:
+    from fanfs.optimizer.budgets import _balanced_solid
+
+    selection = select(profiles, Objective("balanced", budget))
+    _, again, solid = _balanced_solid(
+        classes,
+        profiles,
+        selection,
+        budget,
+        16384,
+        nodes,
+        _per_object_measure(64e-6),
+        PlanCost(None),
+    )
+    return again, solid
+
+
+def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node() -> None:
+    """Per file, the budget (zstd:3's 30 ms) holds only zstd:3. In 16-file blocks decoded once
+    each (one node: the mount pushes the other members into the page cache), the class costs
+    64 blocks at 80 us: 5 ms, and zstd:19 fits too, its blocks the smallest."""
+    cls, prof = _tiny_files()
+    assert str(select([prof], Objective("balanced", 0.030)).choices[0].candidate) == "zstd:3"
+    sel, solid = _balanced_solid_case([cls], [prof], 0.030)
+    [est] = sel.choices
+    assert est.solid and est.candidate == ZSTD19
+    assert est.decode_s == pytest.approx(0.005)
+    # zstd:19 stores 400 of the sample's 1000 bytes a file alone, 266.7 in blocks
+    assert est.stored_bytes == pytest.approx(500_000 - 1000 * (400 - 400 / 1.5), rel=1e-3)
+    assert solid["src/*.txt"].walk == pytest.approx(0.005)
+    assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
+
+
+def test_on_many_nodes_each_decodes_the_blocks_and_the_class_stays_per_file() -> None:
+    """64 nodes reading 1/64 of the files each: a node meets a block's 16 files with
+    probability 1 - (63/64)^16, so a block is decoded 14.2 times an epoch: 71 ms, past the
+    budget; the class stays zstd:3 per file."""
+    from fanfs.optimizer.budgets import node_decodes
+
+    assert node_decodes(16, 1) == 1.0
+    assert node_decodes(16, 64) == pytest.approx(64 * (1 - (63 / 64) ** 16))
+    assert node_decodes(16, 10**9) == pytest.approx(16, rel=1e-6)  # every member alone
+    cls, prof = _tiny_files()
+    sel, solid = _balanced_solid_case([cls], [prof], 0.030, nodes=64)
+    assert not sel.choices[0].solid and solid == {}
+    assert str(sel.choices[0].candidate) == "zstd:3"
+    sel, solid = _balanced_solid_case([cls], [prof], 0.030, nodes=2)
+    assert sel.choices[0].solid
+
+
+def test_small_files_beyond_what_memory_holds_count_each_member_decoding_its_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past SOLID_RESIDENT_BYTES the pushed members would not stay in the page cache: a block
+    is projected decoded once per member (80 ms), past the budget."""
+    from fanfs.optimizer import budgets
+
+    monkeypatch.setattr(budgets, "SOLID_RESIDENT_BYTES", 999_999)
+    cls, prof = _tiny_files()
+    sel, solid = _balanced_solid_case([cls], [prof], 0.030)
+    assert not sel.choices[0].solid and solid == {}
+
+
+def test_the_decode_solid_blocks_save_goes_to_the_other_classes() -> None:
+    """With the tiny files in blocks (5 ms instead of 30), a class of large files that only
+    fits zstd:3 per the budget gets zstd:19."""
+    cls, prof = _tiny_files()
+    big = ClassSample("big/*.bin", files=10, total_bytes=10_000_000, units=[b"y" * 65536] * 4)
+    big_prof = _prof("big/*.bin", 10_000_000, (ZSTD3, 4_000_000, 0.010), (ZSTD19, 3_000_000, 0.030))
+    budget = 0.030 + 0.010  # both zstd:3
+    sel, solid = _balanced_solid_case([cls, big], [prof, big_prof], budget)
+    assert set(solid) == {"src/*.txt"}
+    assert [str(e.candidate) for e in sel.choices] == ["zstd:19", "zstd:19"]
+    assert sel.decode_s == pytest.approx(0.035) and sel.decode_s <= budget
 
 
 @pytest.mark.parametrize(("smaller", "loses"), [(0.7, False), (0.95, True)])
