@@ -51,7 +51,7 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SIZE",
         help="compress files of at most a quarter of SIZE together in blocks of SIZE "
         "(format 7: smaller packs of small files; a read decodes its file's whole block). "
-        "With --codec auto the plan chooses the classes, in its capacity-leaning modes "
+        "With --codec auto the plan chooses the classes, in every mode but sync "
         "(default 128KiB); without, every small file (default 0: none)",
     )
     p.add_argument(

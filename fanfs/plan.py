@@ -165,12 +165,18 @@ def _scales(sample: TreeSample) -> tuple[float, float]:
 
 
 def sample_settings(settings: PlanSettings, sample: TreeSample) -> PlanSettings:
-    """The settings to plan the sample with: a capacity limit is for the whole tree, so the
-    sample gets its share of it (every other constraint is per file or a ratio)."""
+    """The settings to plan the sample with: a capacity limit and the bytes of small files
+    the page cache is taken to hold (`resident_bytes`) are for the whole tree, so the sample
+    gets its share of them (every other constraint is per file or a ratio)."""
     _, per_byte = _scales(sample)
-    if settings.capacity_bytes is None or per_byte == 1.0:
+    if per_byte == 1.0:
         return settings
-    return dataclasses.replace(settings, capacity_bytes=int(settings.capacity_bytes / per_byte))
+    capacity = settings.capacity_bytes
+    return dataclasses.replace(
+        settings,
+        capacity_bytes=None if capacity is None else int(capacity / per_byte),
+        resident_bytes=int(settings.resident_bytes / per_byte),
+    )
 
 
 def sampled_plan_record(plan: Plan, sample: TreeSample) -> dict[str, Any]:
@@ -195,6 +201,8 @@ def sampled_plan_record(plan: Plan, sample: TreeSample) -> dict[str, Any]:
         scale(row)
         for cand in row["candidates"]:
             scale(cand)
+        if row.get("solid_decode_s"):
+            row["solid_decode_s"] = {k: v * per_byte for k, v in row["solid_decode_s"].items()}
     if record["settings"]["capacity_bytes"] is not None:
         record["settings"]["capacity_bytes"] = int(
             round(record["settings"]["capacity_bytes"] * per_byte)

@@ -19,13 +19,13 @@ from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, NONE, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
 from fanfs.optimizer.measurement import (
-    DECODE_PASSES,
     ClassProfile,
     Estimate,
     MeasureFn,
     PlanCost,
     confirm,
     measure,
+    measurement_cost,
     profile,
     reference_of,
 )
@@ -39,6 +39,15 @@ from fanfs.optimizer.sampling import (
 from fanfs.optimizer.selection import Objective, Selection, select
 
 log = logging.getLogger(__name__)
+
+
+# The balanced mode counts a solid block decoded once an epoch on each node that reads one
+# of its members: the first READ of a member decodes the block, and the mount pushes the
+# others into the page cache (`Prefetcher.push_mates`), where they stay through the epoch
+# while the solid classes' small files fit in memory. The plan takes that for the classes
+# with the fewest bytes in small files, up to this many in all (`PlanSettings.resident_bytes`),
+# and for any beyond it the worst case, each member decoding its block.
+SOLID_RESIDENT_BYTES: Final = 4 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,8 @@ class PlanSettings:
     plan_share: float = 0.25
     jobs: int = 1  # the pack's compression threads (its predicted time divides by them)
     nodes: int = 1  # balanced: nodes that read the dataset each epoch (`node_decodes`)
+    # balanced: bytes of small files in solid blocks the page cache is taken to hold
+    resident_bytes: int = SOLID_RESIDENT_BYTES
     seed: int = 0
     candidates: tuple[Candidate, ...] = field(
         default_factory=lambda: parse_candidates(DEFAULT_CODECS)
@@ -115,7 +126,8 @@ class SolidDecode:
     walk: read in walk order (the pack's storage order), each block decoded once and its
         members sliced from it: what reading the class through a mount in order costs.
     random: each file read alone decodes its whole block (a random epoch with no block
-        cached): what the plan's budget is checked with."""
+        cached): what the capacity-leaning modes' budget is checked with (the balanced
+        mode's is an epoch per node, `SolidOptions`)."""
 
     walk: float
     random: float
@@ -138,7 +150,8 @@ class Plan:
     chunk_size: int
     cost: PlanCost = field(default_factory=lambda: PlanCost(None))
     # Classes whose small files go into solid blocks (format 7), by measurement
-    # (`_solid_classes`), and for each its decode seconds per epoch (`SolidDecode`).
+    # (`_solid_classes`, or the balanced mode's `SolidOptions`), and for each its decode
+    # seconds per epoch (`SolidDecode`).
     solid: frozenset[str] = frozenset()
     solid_decode: dict[str, SolidDecode] = field(default_factory=dict)
 
@@ -184,7 +197,7 @@ def make_plan(
     cost = PlanCost(settings.time_budget_s)
     # The codecs' share of the measuring budget: CONFIRM_SHARE of it is kept for confirming
     # choices made on few units (`measurement.confirm`), and with solid blocks to choose,
-    # SOLID_SHARE for that choice (`_solid_classes`).
+    # SOLID_SHARE for that choice (`_solid_classes`, `_measure_balanced_solid`).
     codecs_share = 1.0 - CONFIRM_SHARE - (SOLID_SHARE if solid_block else 0.0)
     if settings.time_budget_s is None:
         # The pack reads every file (the raw-read model fitted on the sample reads) and
@@ -236,6 +249,34 @@ def make_plan(
             measure_fn=measure_fn,
         )
     assert cost.budget_s is not None
+    solid: SolidOptions | None = None
+    if solid_block and settings.mode == "balanced":
+        # Measured before confirming: a candidate the blocks make worth choosing is
+        # confirmed like any other.
+        solid = SolidOptions(settings.nodes)
+        _measure_balanced_solid(
+            classes,
+            profiles,
+            selection,
+            solid_block,
+            settings.resident_bytes,
+            measure_fn,
+            cost,
+            solid,
+            cost.budget_s * SOLID_SHARE / codecs_share,
+        )
+        profiles, selection, budget = _reselect(
+            classes,
+            settings,
+            cost,
+            budget,
+            cost.budget_s,
+            balanced=balanced,
+            measure_fn=measure_fn,
+            solid=solid,
+        )
+        if settings.time_budget_s is None:
+            cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     seconds = cost.budget_s * CONFIRM_SHARE / codecs_share
     for _ in range(CONFIRM_ROUNDS):
         chosen = [e.candidate for e in selection.choices]
@@ -244,30 +285,25 @@ def make_plan(
             break
         seconds -= spent
         profiles, selection, budget = _reselect(
-            classes, settings, cost, budget, cost.budget_s, balanced=balanced, measure_fn=measure_fn
+            classes,
+            settings,
+            cost,
+            budget,
+            cost.budget_s,
+            balanced=balanced,
+            measure_fn=measure_fn,
+            solid=solid,
         )
         if settings.time_budget_s is None:
             cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
     solid_decode: dict[str, SolidDecode] = {}
-    if solid_block:
+    if solid is not None:
+        solid_decode = solid.chosen(profiles, selection)
+    elif solid_block:
         seconds = cost.budget_s * SOLID_SHARE / codecs_share
-        if settings.mode == "balanced":
-            assert budget is not None
-            profiles, selection, solid_decode = _balanced_solid(
-                classes,
-                profiles,
-                selection,
-                budget,
-                solid_block,
-                settings.nodes,
-                measure_fn,
-                cost,
-                seconds,
-            )
-        else:
-            solid_decode = _solid_classes(
-                classes, selection, budget, solid_block, measure_fn, cost, seconds
-            )
+        solid_decode = _solid_classes(
+            classes, selection, budget, solid_block, measure_fn, cost, seconds
+        )
     cost.budget_s /= codecs_share  # the whole budget, as the plan table reports it
     return Plan(
         settings,
@@ -380,9 +416,11 @@ def _reselect(
     *,
     balanced: bool,
     measure_fn: MeasureFn,
+    solid: SolidOptions | None = None,
 ) -> tuple[list[ClassProfile], Selection, float | None]:
     """Profile again within `time_budget_s`, resuming from `cost`'s measurements, and select
-    again; the balanced mode's decode budget is the reference's decode as now profiled."""
+    again; the balanced mode's decode budget is the reference's decode as now profiled, and
+    its solid options (`solid`) are options of the selection."""
     profiles = profile(
         classes,
         settings.candidates,
@@ -394,6 +432,8 @@ def _reselect(
     )
     if balanced:
         budget = reference_decode_s(profiles, settings.candidates)
+    if solid is not None:
+        profiles = solid.options(profiles)
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     return profiles, select(profiles, objective), budget
 
@@ -402,8 +442,9 @@ def _reselect(
 # on few units (`measurement.confirm`), and the rounds of confirming and selecting again.
 CONFIRM_SHARE: Final = 0.05
 CONFIRM_ROUNDS: Final = 3
-# The share of the plan's measuring budget kept for the solid-block choice (capacity-leaning
-# modes): 2 x 256 KiB per class with the chosen codec, about 0.1-1 s each.
+# The share of the plan's measuring budget kept for the solid-block choice: 2 x 512 KiB per
+# class with the chosen codec (and in the balanced mode its densest too), about 0.1-1 s
+# each.
 SOLID_SHARE: Final = 0.15
 # A class's small files go into solid blocks when that makes them this much smaller, as
 # measured on the sample with the class's codec (small PNGs: 1.8% smaller in 64 KiB blocks).
@@ -411,31 +452,27 @@ SOLID_MIN_SAVING: Final = 0.01
 
 
 @dataclass(frozen=True, slots=True)
-class _SolidProjection:
+class SolidFit:
     """A candidate measured on a class's runs of small files alone and in solid blocks
-    (`_project_solid`), projected onto the class: the bytes the blocks save, the decode of
-    the class's larger files (what the selection projected for them) and of its blocks
-    each decoded once, and the blocks' mean members."""
+    (`_project_solid`), projected onto the class's small files: the bytes the blocks save,
+    the files' decode alone and the blocks' with each decoded once, the blocks' mean
+    members, and the share of the class's bytes in small files."""
 
     saved: float
-    rest_s: float
+    alone_s: float
     blocks_s: float
     members: float
+    small_share: float
 
-    @property
-    def walk_s(self) -> float:
-        """The class read in walk order: each block decoded once."""
-        return self.rest_s + self.blocks_s
-
-    @property
-    def random_s(self) -> float:
-        """The class read file by file with no block kept: each member decodes its block."""
-        return self.rest_s + self.blocks_s * self.members
+    def rest_s(self, est: Estimate) -> float:
+        """The decode of the class's larger files with `est`'s candidate: its estimate's
+        share by bytes (an upper bound: small files cost more per byte)."""
+        return est.decode_s * (1 - self.small_share)
 
 
 def _project_solid(
     cls: ClassSample, est: Estimate, block: int, measure_fn: MeasureFn, cost: PlanCost
-) -> tuple[_SolidProjection | None, float]:
+) -> tuple[SolidFit | None, float]:
     """`est`'s candidate measured on `cls`'s runs alone and grouped into blocks of `block`
     bytes, as the pack groups them (`ClassSample.runs`, consecutive in walk order); None
     unless grouped is SOLID_MIN_SAVING smaller. Also returns the CPU seconds measuring took
@@ -455,9 +492,7 @@ def _project_solid(
             blocks.append(bytes(group))
     alone = measure_fn(cls.name, cand, units, cls.dictionary)
     grouped = measure_fn(cls.name, cand, blocks, cls.dictionary)
-    took = (
-        alone.compress_s + grouped.compress_s + DECODE_PASSES * (alone.decode_s + grouped.decode_s)
-    )
+    took = measurement_cost(alone) + measurement_cost(grouped)
     cost.measure_s += took
     if alone.stored_bytes <= 0 or grouped.stored_bytes > alone.stored_bytes * (
         1 - SOLID_MIN_SAVING
@@ -466,15 +501,14 @@ def _project_solid(
     # Projected onto the class's small files: their share of the sample's bytes.
     small_share = _small_share(cls, block)
     scale = cls.total_bytes * small_share / max(alone.raw_bytes, 1)
-    return (
-        _SolidProjection(
-            (alone.stored_bytes - grouped.stored_bytes) * scale,
-            est.decode_s * (1 - small_share),
-            grouped.decode_s * scale,
-            len(units) / len(blocks),
-        ),
-        took,
+    fit = SolidFit(
+        (alone.stored_bytes - grouped.stored_bytes) * scale,
+        alone.decode_s * scale,
+        grouped.decode_s * scale,
+        len(units) / len(blocks),
+        small_share,
     )
+    return fit, took
 
 
 def _solid_classes(
@@ -503,13 +537,14 @@ def _solid_classes(
         if spent >= seconds:
             log.debug("%s: solid blocks not measured (time budget)", cls.name)
             continue
-        got, took = _project_solid(cls, est, block, measure_fn, cost)
+        fit, took = _project_solid(cls, est, block, measure_fn, cost)
         spent += took
-        if got is None:
+        if fit is None:
             continue
-        extra_s = max(got.random_s - est.decode_s, 0.0)
-        offers.append((got.saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
-        decodes[cls.name] = SolidDecode(got.walk_s, got.random_s)
+        extra_s = max(fit.blocks_s * fit.members - fit.alone_s, 0.0)
+        offers.append((fit.saved / extra_s if extra_s else float("inf"), extra_s, cls.name))
+        # In walk order the small files cost their blocks' decode once.
+        decodes[cls.name] = SolidDecode(fit.rest_s(est) + fit.blocks_s, est.decode_s + extra_s)
     chosen: dict[str, SolidDecode] = {}
     decode_s = selection.decode_s
     for _, extra_s, name in sorted(offers, reverse=True):
@@ -519,95 +554,116 @@ def _solid_classes(
     return chosen
 
 
-# The balanced mode counts a solid block decoded once per epoch on each node that reads one
-# of its members: the first READ of a member decodes the block, and the mount pushes the
-# others into the page cache (`Prefetcher.push_mates`), where they stay through the epoch
-# while the classes' small files fit in memory. The plan assumes that for the smallest
-# classes up to this many bytes of small files in all, and for any beyond it the worst
-# case, each member decoding its block.
-SOLID_RESIDENT_BYTES: Final = 4 << 30
-
-
 def node_decodes(members: float, nodes: int) -> float:
-    """Expected decodes of a solid block of `members` files in an epoch that `nodes` nodes
-    read, each an equal random share of the files, each keeping what it decoded (pushed)
-    through the epoch: a node decodes the block when it reads any of its members,
-    1 - (1 - 1/nodes)^members. One node: 1; many nodes: up to `members`."""
+    """Expected decodes of a solid block of `members` files in an epoch read by `nodes`
+    nodes, each file by one node drawn at random, each node keeping what it decoded
+    (pushed) through the epoch: a node decodes the block if it reads any of its members,
+    with probability 1 - (1 - 1/nodes)^members, so `nodes` times that. One node: 1; many
+    nodes: up to `members`, each member decoding the block."""
     if nodes <= 1:
         return 1.0
     return min(members, nodes * (1.0 - (1.0 - 1.0 / nodes) ** members))
 
 
-def _balanced_solid(
+@dataclass(slots=True)
+class SolidOptions:
+    """The balanced mode's solid blocks as options of the selection: each class's
+    candidates measured in blocks (`fits`, by `_measure_balanced_solid`), the classes whose
+    small files the page cache is taken to hold through an epoch (`resident`), and the
+    nodes that read the dataset each epoch."""
+
+    nodes: int
+    fits: dict[tuple[str, Candidate], SolidFit] = field(default_factory=dict)
+    resident: set[str] = field(default_factory=set)
+
+    def options(self, profiles: Sequence[ClassProfile]) -> list[ClassProfile]:
+        """`profiles` with an estimate (`Estimate.solid`) for each candidate measured in
+        blocks, the class's small files in them, decoding what an epoch costs: each block
+        decoded once on each node that reads one of its members (`node_decodes`), or, for a
+        class beyond what the page cache is taken to hold, once per member. Built from the
+        candidates' current estimates, so that measuring more (confirming) moves them too."""
+        out = []
+        for prof in profiles:
+            options = []
+            for est in prof.estimates:
+                fit = self.fits.get((prof.name, est.candidate))
+                if fit is None or est.solid or est.loses:
+                    continue
+                decodes = (
+                    node_decodes(fit.members, self.nodes)
+                    if prof.name in self.resident
+                    else fit.members
+                )
+                options.append(
+                    dataclasses.replace(
+                        est,
+                        stored_bytes=max(int(est.stored_bytes - fit.saved), 0),
+                        decode_s=fit.rest_s(est) + fit.blocks_s * decodes,
+                        solid=True,
+                    )
+                )
+            out.append(dataclasses.replace(prof, estimates=[*prof.estimates, *options]))
+        return out
+
+    def chosen(
+        self, profiles: Sequence[ClassProfile], selection: Selection
+    ) -> dict[str, SolidDecode]:
+        """The classes whose chosen estimate is a solid option, with their decode read in
+        walk order and file by file (`SolidDecode`)."""
+        out = {}
+        for prof, est in zip(profiles, selection.choices, strict=True):
+            if est.solid:
+                fit = self.fits[(prof.name, est.candidate)]
+                rest_s = est.decode_s - fit.blocks_s * (
+                    node_decodes(fit.members, self.nodes)
+                    if prof.name in self.resident
+                    else fit.members
+                )
+                out[prof.name] = SolidDecode(
+                    rest_s + fit.blocks_s, rest_s + fit.blocks_s * fit.members
+                )
+        return out
+
+
+def _measure_balanced_solid(
     classes: Sequence[ClassSample],
-    profiles: list[ClassProfile],
+    profiles: Sequence[ClassProfile],
     selection: Selection,
-    budget: float,
     block: int,
-    nodes: int,
+    resident_bytes: int,
     measure_fn: MeasureFn,
     cost: PlanCost,
+    solid: SolidOptions,
     seconds: float = math.inf,
-) -> tuple[list[ClassProfile], Selection, dict[str, SolidDecode]]:
-    """The balanced mode's solid blocks, chosen with the codecs: for each class with runs of
-    small files, its chosen candidate and its densest (a dictionary costs a tiny file more
-    than it costs a block) measured in solid blocks (`_project_solid`) become options
-    of the class, decoding what an epoch on `nodes` nodes costs (`node_decodes` per block;
-    each member its block beyond SOLID_RESIDENT_BYTES), and the selection is made again
-    within the same budget. Measuring stops once it has taken `seconds` (the classes with
-    the most bytes in small files first). Returns the profiles with those options, the
-    selection, and the solid classes' decode (`SolidDecode`)."""
-    resident: set[str] = set()
-    held = 0
-    for cls in sorted(classes, key=lambda c: c.total_bytes):
-        small = _small_share(cls, block) * cls.total_bytes
-        if held + small <= SOLID_RESIDENT_BYTES:
-            resident.add(cls.name)
-            held += int(small)
-    out = list(profiles)
-    decodes: dict[tuple[str, Estimate], SolidDecode] = {}
+) -> None:
+    """Measure the balanced mode's solid options into `solid`: for each class with runs of
+    small files, its chosen candidate and its densest alone and in solid blocks
+    (`_project_solid`; a dictionary's tables are loaded cold once per tiny file read alone,
+    once per block in blocks), the classes with the most bytes in small files first, until
+    measuring has taken `seconds`. The classes with a fit whose small files the page cache
+    is taken to hold through an epoch are the smallest in such bytes, up to `resident_bytes`
+    in all."""
+    small = {cls.name: _small_share(cls, block) * cls.total_bytes for cls in classes}
     spent = 0.0
-    # The classes with the most bytes in small files first (those the blocks can shrink).
-    order = sorted(
-        range(len(classes)),
-        key=lambda i: -_small_share(classes[i], block) * classes[i].total_bytes,
-    )
-    for i in order:
+    for i in sorted(range(len(classes)), key=lambda i: -small[classes[i].name]):
         cls, prof, chosen = classes[i], profiles[i], selection.choices[i]
         plain = [e for e in prof.estimates if not e.loses and e.candidate != NONE]
         if not cls.runs or not plain:
             continue
         densest = min(plain, key=lambda e: (e.stored_bytes, e.decode_s))
-        options = []
         for est in dict.fromkeys(e for e in (chosen, densest) if e.candidate != NONE):
             if spent >= seconds:
                 log.debug("%s: solid blocks not measured (time budget)", cls.name)
                 break
-            got, took = _project_solid(cls, est, block, measure_fn, cost)
+            fit, took = _project_solid(cls, est, block, measure_fn, cost)
             spent += took
-            if got is None:
-                continue
-            epoch_s = (
-                got.rest_s + got.blocks_s * node_decodes(got.members, nodes)
-                if cls.name in resident
-                else got.random_s
-            )
-            option = dataclasses.replace(
-                est,
-                stored_bytes=max(int(est.stored_bytes - got.saved), 0),
-                decode_s=epoch_s,
-                solid=True,
-            )
-            options.append(option)
-            decodes[(cls.name, option)] = SolidDecode(got.walk_s, got.random_s)
-        out[i] = dataclasses.replace(prof, estimates=[*prof.estimates, *options])
-    again = select(out, Objective("balanced", budget))
-    solid = {
-        prof.name: decodes[(prof.name, est)]
-        for prof, est in zip(out, again.choices, strict=True)
-        if est.solid
-    }
-    return out, again, solid
+            if fit is not None:
+                solid.fits[(cls.name, est.candidate)] = fit
+    held = 0.0
+    for name in sorted({name for name, _ in solid.fits}, key=lambda n: small[n]):
+        if held + small[name] <= resident_bytes:
+            solid.resident.add(name)
+            held += small[name]
 
 
 def _small_share(cls: ClassSample, block: int) -> float:

@@ -511,7 +511,7 @@ def profile(
             if cls.units:
                 m = known.get((cls.name, ref)) or measure_fn(cls.name, ref, cls.measure_units, None)
                 if (cls.name, ref) not in known:
-                    ref_spent += _cost(m)
+                    ref_spent += measurement_cost(m)
                 totals[(cls.name, ref)] = m
                 ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
                 ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
@@ -575,8 +575,8 @@ def profile(
                 log.debug("%s: %s not profiled (time budget)", cls.name, cand)
                 continue
             m = measure_fn(cls.name, cand, pilot, cls.dictionary)
-            seen.setdefault(cand, []).append(_cost(m) / max(m.raw_bytes, 1))
-            class_spent += _cost(m)
+            seen.setdefault(cand, []).append(measurement_cost(m) / max(m.raw_bytes, 1))
+            class_spent += measurement_cost(m)
             pairs.append((cand, units, m))
         # The class's own cold costs, out of its share before the extending rounds (injected
         # measurements have no objects of their own to time cold).
@@ -598,7 +598,8 @@ def profile(
         for cand, m in extended:
             totals[(cls.name, cand)] = m
         spent += class_spent + sum(
-            _cost(m) - _cost(p) for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
+            measurement_cost(m) - measurement_cost(p)
+            for (_, m), (_, _, p) in zip(extended, pairs, strict=True)
         )
     if spent_out is not None:
         spent_out.budget_s = budget
@@ -664,7 +665,7 @@ def _extend(
             m = done[i]
             if m.units >= len(units) or left <= 0:
                 continue
-            rate = _cost(m) / max(m.raw_bytes, 1)
+            rate = measurement_cost(m) / max(m.raw_bytes, 1)
             want = max(m.raw_bytes, PILOT_BYTES)
             if rate > 0:
                 want = min(want, int(left / rate))
@@ -674,7 +675,7 @@ def _extend(
             if end <= m.units:
                 continue
             more = measure_fn(cls.name, cand, units[m.units : end], cls.dictionary)
-            left -= _cost(more)
+            left -= measurement_cost(more)
             done[i] = m + more
             grew = True
     return [(cand, m) for (cand, _, _), m in zip(pairs, done, strict=True)]
@@ -775,7 +776,7 @@ def confirm(
             want = least
             if more_for_decode:
                 want = confirm_units(m, _decode_base(cls, cand, m, ref, cost), len(units))
-            rate = _cost(m) / max(m.raw_bytes, 1)
+            rate = measurement_cost(m) / max(m.raw_bytes, 1)
             while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
                 seconds - spent
             ):
@@ -784,7 +785,7 @@ def confirm(
                 continue
             more = measure_fn(cls.name, cand, units[m.units : want], cls.dictionary)
             cost.totals[(cls.name, cand)] = m + more
-            spent += _cost(more)
+            spent += measurement_cost(more)
             log.debug("%s: %s confirmed on %d units", cls.name, cand, want)
     cost.measure_s += spent
     return spent
@@ -806,7 +807,7 @@ def _decode_base(
     return [len(cls.measure_units[k]) for k in ids]
 
 
-def _cost(m: Measurement) -> float:
+def measurement_cost(m: Measurement) -> float:
     """Seconds a measurement took: one compress pass, DECODE_PASSES decode passes, the rest."""
     return m.compress_s + DECODE_PASSES * m.decode_s + m.overhead_s
 
@@ -848,7 +849,7 @@ def _train_dictionary(
             best = (0.0, dictionary)
             break
         m = measure_fn(cls.name, users[0], test, dictionary)
-        spent += _cost(m)
+        spent += measurement_cost(m)
         projected = m.stored_bytes * cls.total_bytes / max(m.raw_bytes, 1) + len(dictionary)
         if best is None or projected < best[0]:
             best = (projected, dictionary)
