@@ -348,7 +348,7 @@ def reference_pass_s(tree: Path, plan: dict[str, Any]) -> float:
     runs now than then."""
     sys.path.insert(0, str(REPO))
     from fanfs.optimizer import REFERENCE, measure, sample_classes
-    from fanfs.optimizer.measurement import _cost
+    from fanfs.optimizer.measurement import measurement_cost
     from fanfs.pack import effective_block_size
     from fanfs.walk import sample_tree
 
@@ -362,7 +362,11 @@ def reference_pass_s(tree: Path, plan: dict[str, Any]) -> float:
         sample_bytes=settings["sample_bytes_budget"],
         seed=settings["seed"],
     )
-    return sum(_cost(measure(c.name, REFERENCE, c.measure_units, None)) for c in classes if c.units)
+    return sum(
+        measurement_cost(measure(c.name, REFERENCE, c.measure_units, None))
+        for c in classes
+        if c.units
+    )
 
 
 Blocks = list[tuple[int, bytes, int, bytes | None]]
