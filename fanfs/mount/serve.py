@@ -121,7 +121,42 @@ def build_operations(
     ops = Operations(
         store, noopen=noopen, info=info, extra_stats=cluster.statistics if cluster else None
     )
+    planned = _solid_plan_nodes(reader.manifest)
+    if planned is not None:
+        ranks = cluster.transport.size if cluster is not None else 1
+        if not (config.prefetch and config.prefetch_into == "kernel"):
+            log.warning(
+                "this pack's plan counts each solid block decoded once an epoch, its other "
+                "files pushed into the page cache by read-ahead; with --prefetch off or "
+                "--prefetch-into memory a shuffled epoch decodes a block for each file read"
+            )
+        elif ranks > planned:
+            log.warning(
+                "this pack's plan counts each solid block decoded once an epoch on %d node%s; "
+                "on %d a shuffled epoch decodes it on each node that reads one of its files "
+                "(pack with --nodes %d)",
+                planned,
+                "" if planned == 1 else "s",
+                ranks,
+                ranks,
+            )
     return ops, store
+
+
+def _solid_plan_nodes(manifest: dict[str, Any]) -> int | None:
+    """The nodes a balanced plan with solid classes was made for (`fanfs pack --nodes`), from
+    the manifest's informational `plan` (untrusted: anything malformed reads as no plan)."""
+    plan = manifest.get("plan")
+    if not isinstance(plan, dict) or plan.get("mode") != "balanced":
+        return None
+    classes = plan.get("classes")
+    if not isinstance(classes, list):
+        return None
+    if not any(isinstance(row, dict) and row.get("solid") is True for row in classes):
+        return None
+    settings = plan.get("settings")
+    nodes = settings.get("nodes", 1) if isinstance(settings, dict) else 1
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1
 
 
 def serve_until_unmounted(
