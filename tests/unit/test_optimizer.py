@@ -1432,6 +1432,30 @@ def test_small_files_beyond_what_memory_holds_count_each_member_decoding_its_blo
     assert sel.choices[0].solid
 
 
+def test_solid_blocks_are_measured_for_the_classes_with_the_most_small_files_first() -> None:
+    """With time for one class only: 200 files of 1 KB before 100 of 4 KB (twice the bytes):
+    a block saves each tiny file its own decode."""
+    from fanfs.optimizer.budgets import SolidOptions, _measure_balanced_solid
+
+    many = ClassSample("a/*.ri", files=200, total_bytes=200_000, units=[b"x" * 1000] * 64)
+    many.runs = [[b"x" * 1000] * 16] * 4
+    large = ClassSample("b/*.py", files=100, total_bytes=400_000, units=[b"y" * 4000] * 64)
+    large.runs = [[b"y" * 4000] * 4] * 4
+    profiles = [
+        _prof("b/*.py", 400_000, (ZSTD3, 200_000, 0.01)),
+        _prof("a/*.ri", 200_000, (ZSTD3, 100_000, 0.01)),
+    ]
+    selection = select(profiles, Objective("balanced", 0.02))
+    solid = SolidOptions(1)
+    fn = _per_object_measure(64e-6)
+    cost = PlanCost(None)
+    _measure_balanced_solid(
+        [large, many], profiles, selection, 16384, 1 << 30, fn, cost, solid, seconds=1e-9
+    )
+    assert set(solid.fits) == {("a/*.ri", ZSTD3)}
+    assert solid.resident == {"a/*.ri"}
+
+
 def test_the_decode_solid_blocks_save_goes_to_the_other_classes() -> None:
     """With the tiny files in blocks (5 ms instead of 30), a class of large files that only
     fits zstd:3 per the budget gets zstd:19."""
