@@ -250,6 +250,25 @@ def make_plan(
         )
     assert cost.budget_s is not None
     solid: SolidOptions | None = None
+
+    def reselect() -> tuple[list[ClassProfile], Selection, float | None]:
+        """Select again (with the solid options, if any) on what has been measured, and
+        predict the pack that selection makes."""
+        assert cost.budget_s is not None
+        again = _reselect(
+            classes,
+            settings,
+            cost,
+            budget,
+            cost.budget_s,
+            balanced=balanced,
+            measure_fn=measure_fn,
+            solid=solid,
+        )
+        if settings.time_budget_s is None:
+            cost.predicted_pack_s = _predicted_pack_s(again[1], read_s, settings.jobs)
+        return again
+
     if solid_block and settings.mode == "balanced":
         # Measured before confirming: a candidate the blocks make worth choosing is
         # confirmed like any other.
@@ -265,18 +284,7 @@ def make_plan(
             solid,
             cost.budget_s * SOLID_SHARE / codecs_share,
         )
-        profiles, selection, budget = _reselect(
-            classes,
-            settings,
-            cost,
-            budget,
-            cost.budget_s,
-            balanced=balanced,
-            measure_fn=measure_fn,
-            solid=solid,
-        )
-        if settings.time_budget_s is None:
-            cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
+        profiles, selection, budget = reselect()
     seconds = cost.budget_s * CONFIRM_SHARE / codecs_share
     for _ in range(CONFIRM_ROUNDS):
         chosen = [e.candidate for e in selection.choices]
@@ -284,18 +292,7 @@ def make_plan(
         if not spent:
             break
         seconds -= spent
-        profiles, selection, budget = _reselect(
-            classes,
-            settings,
-            cost,
-            budget,
-            cost.budget_s,
-            balanced=balanced,
-            measure_fn=measure_fn,
-            solid=solid,
-        )
-        if settings.time_budget_s is None:
-            cost.predicted_pack_s = _predicted_pack_s(selection, read_s, settings.jobs)
+        profiles, selection, budget = reselect()
     solid_decode: dict[str, SolidDecode] = {}
     if solid is not None:
         solid_decode = solid.chosen(profiles, selection)
