@@ -135,8 +135,12 @@ class Prefetcher:
         notify: Callable[[int, int, Any], None] | None,
         workers: int = 2,
         fill: bool = False,
+        read_ahead: bool = True,
     ) -> None:
         self.store = store
+        # False: only a decoded solid block's other files are pushed (`push_mates`), for a
+        # mount with --prefetch off (a balanced plan counts each block decoded once).
+        self.read_ahead = read_ahead
         self.index = store.index
         self.chunk_size = store.chunk_size
         self.counters = store.shared.counters
@@ -169,6 +173,8 @@ class Prefetcher:
     def observe(self, entry: int, first: int, last: int) -> bool:
         """A READ of chunks first..last of `entry` arrived. Returns True if read-ahead was
         queued (the caller then lets the workers start before it serves the READ)."""
+        if not self.read_ahead:
+            return False
         queued = len(self._jobs)
         if not self._started.is_set():
             self._started.set()
@@ -310,9 +316,10 @@ class Prefetcher:
         """A READ used part of this decoded chunk: a reader seeking inside a large file (an
         HDF5, LMDB or npy file; the kernel asks for what the reader asked). Put the whole
         chunk into the page cache, so that the reader's next reads in it reach no daemon and
-        decode nothing again. Skipped without the page cache as target, and while
-        REST_QUEUE_BYTES wait already."""
-        self._queue_rest(entry, chunk_no, data, sh.REST_PUSHED)
+        decode nothing again. Skipped without the page cache as target, without read-ahead,
+        and while REST_QUEUE_BYTES wait already."""
+        if self.read_ahead:
+            self._queue_rest(entry, chunk_no, data, sh.REST_PUSHED)
 
     @property
     def pushes(self) -> bool:

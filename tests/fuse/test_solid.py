@@ -156,14 +156,16 @@ def test_decode_amplification_counts_whole_solid_blocks(
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(want)
 
 
+@pytest.mark.parametrize("prefetch", ["on", "off"])
 def test_reading_one_file_of_a_block_puts_its_block_mates_in_the_page_cache(
-    solid: tuple[Path, Path], mount_factory: Callable[..., Mount]
+    solid: tuple[Path, Path], mount_factory: Callable[..., Mount], prefetch: str
 ) -> None:
     """The serving process that decodes a solid block pushes the block's other files into the
     page cache: they then read back byte for byte with no READ and no second decode (in any
-    serving process)."""
+    serving process). Also with --prefetch off (no read-ahead): a balanced plan counts each
+    block decoded once an epoch."""
     src, pack = solid
-    mnt = mount_factory(pack, "--cache-memory", "0").mnt
+    mnt = mount_factory(pack, "--cache-memory", "0", "--prefetch", prefetch).mnt
     rows = _solid_rows(pack)
     target = "a/005.txt"
     mates = sorted(r for r, row in rows.items() if row[:2] == rows[target][:2] and r != target)
