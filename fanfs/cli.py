@@ -236,7 +236,8 @@ def _add_mount(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=("on", "off"),
         default="on",
         help="read ahead of sequential readers and walks, follow sampler hints, fill the "
-        "object cache in the background (default on)",
+        "object cache in the background (default on; off still puts a decoded solid block's "
+        "other files into the page cache)",
     )
     g.add_argument(
         "--prefetch-memory",

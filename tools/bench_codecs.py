@@ -240,7 +240,9 @@ def mounted(pack: Path, mnt: Path, *, prefetch: bool = False) -> Iterator[tuple[
     """A fresh mount of `pack`, yielded once its partitions are preloaded (or after 30 s).
 
     Demand decoding only by default: read-ahead and the background fill would decode ahead of
-    the readers and hide the cost this benchmark checks against the plan. With `prefetch`,
+    the readers and hide the cost this benchmark checks against the plan (a decoded solid
+    block's other files are still pushed into the page cache, as `--prefetch off` does since
+    the balanced mode chose solid blocks). With `prefetch`,
     read-ahead is on (its decodes count in `decode_ns`, and solid blocks' other files are
     pushed into the page cache) but the fill is still off (no object cache).
     """
