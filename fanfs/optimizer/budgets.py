@@ -181,7 +181,7 @@ def make_plan(
     budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
     # Solid blocks: the capacity-leaning modes count each member decoding its block, which
     # their budget absorbs; the balanced mode counts a block decoded once per node
-    # (`_balanced_solid`). A sync budget is for one reader that may read anything.
+    # (`SolidOptions`). A sync budget is for one reader that may read anything.
     solid_block = solid_block if budget_mode != "sync" or settings.mode == "capacity" else 0
     classes, reads = sample_classes(
         files,
@@ -586,21 +586,21 @@ class SolidOptions:
                 fit = self.fits.get((prof.name, est.candidate))
                 if fit is None or est.solid or est.loses:
                     continue
-                decodes = (
-                    node_decodes(fit.members, self.nodes)
-                    if prof.name in self.resident
-                    else fit.members
-                )
                 options.append(
                     dataclasses.replace(
                         est,
                         stored_bytes=max(int(est.stored_bytes - fit.saved), 0),
-                        decode_s=fit.rest_s(est) + fit.blocks_s * decodes,
+                        decode_s=fit.rest_s(est) + fit.blocks_s * self._decodes(prof.name, fit),
                         solid=True,
                     )
                 )
             out.append(dataclasses.replace(prof, estimates=[*prof.estimates, *options]))
         return out
+
+    def _decodes(self, name: str, fit: SolidFit) -> float:
+        """Decodes of each of class `name`'s blocks an epoch: once per node that reads one
+        of its files, or once per member beyond what the page cache is taken to hold."""
+        return node_decodes(fit.members, self.nodes) if name in self.resident else fit.members
 
     def chosen(
         self, profiles: Sequence[ClassProfile], selection: Selection
@@ -611,11 +611,7 @@ class SolidOptions:
         for prof, est in zip(profiles, selection.choices, strict=True):
             if est.solid:
                 fit = self.fits[(prof.name, est.candidate)]
-                rest_s = est.decode_s - fit.blocks_s * (
-                    node_decodes(fit.members, self.nodes)
-                    if prof.name in self.resident
-                    else fit.members
-                )
+                rest_s = est.decode_s - fit.blocks_s * self._decodes(prof.name, fit)
                 out[prof.name] = SolidDecode(
                     rest_s + fit.blocks_s, rest_s + fit.blocks_s * fit.members
                 )

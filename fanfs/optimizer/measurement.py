@@ -390,7 +390,7 @@ class Estimate:
     `loses`: the candidate is no faster to decode than the reference and was not shown to be
     smaller on the same units (by WIN_SIGMAS standard errors); selection never picks it.
     `solid`: the class's small files go into solid blocks with this candidate (the balanced
-    mode's option, `budgets._balanced_solid`): `stored_bytes` and `decode_s` are projected so.
+    mode's option, `budgets.SolidOptions`): `stored_bytes` and `decode_s` are projected so.
     """
 
     candidate: Candidate
