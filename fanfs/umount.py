@@ -25,6 +25,11 @@ from fanfs.mountinfo import find_mount, mounts
 EXIT_WAIT_S: Final = 10.0
 QUERY_TIMEOUT_S: Final = 2  # for the daemon to say its pid (a frozen one never does)
 FUSERMOUNT_TIMEOUT_S: Final = 20
+# A path lookup in flight holds the mount busy for its duration: a monitor polling the mount's
+# xattrs (`fanfs stats --watch`, a node exporter) makes an unmount fail now and then. Busy is
+# retried this long before it counts as files held open.
+BUSY_RETRY_S: Final = 2.0
+BUSY_RETRY_INTERVAL_S: Final = 0.05
 
 
 def _ask_daemon(mountpoint: str) -> tuple[int | None, int | None] | None:
@@ -85,22 +90,16 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
     answer = None if lazy else _ask_daemon(mountpoint)
     pid, rank = answer or (None, None)
     cmd = [tool, "-u"] + (["-z"] if lazy else []) + [os.path.abspath(mountpoint)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, check=False, timeout=FUSERMOUNT_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        raise MountSetupError(
-            "%s: %s -u did not finish within %ds; detach it with: fanfs umount --lazy %s"
-            % (mountpoint, os.path.basename(tool), FUSERMOUNT_TIMEOUT_S, mountpoint)
-        ) from None
-    if proc.returncode != 0:
-        message = (
-            proc.stderr.strip().splitlines()[-1]
-            if proc.stderr.strip()
-            else "exit %d" % proc.returncode
-        )
-        if "busy" in message.lower():
+    deadline = time.monotonic() + BUSY_RETRY_S
+    while True:
+        message = _fusermount(cmd, mountpoint, tool)
+        if message is None:
+            break
+        busy = "busy" in message.lower()
+        if busy and time.monotonic() < deadline:
+            time.sleep(BUSY_RETRY_INTERVAL_S)
+            continue
+        if busy:
             raise MountSetupError(
                 "%s is busy (files are open); close them, or use --lazy" % mountpoint
             )
@@ -122,6 +121,23 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
     if pid is not None and not lazy:
         _wait_exit(pid, mountpoint)
     return None
+
+
+def _fusermount(cmd: list[str], mountpoint: str, tool: str) -> str | None:
+    """Run `fusermount3 -u`: None once unmounted, else the last line of its complaint."""
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, timeout=FUSERMOUNT_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise MountSetupError(
+            "%s: %s -u did not finish within %ds; detach it with: fanfs umount --lazy %s"
+            % (mountpoint, os.path.basename(tool), FUSERMOUNT_TIMEOUT_S, mountpoint)
+        ) from None
+    if proc.returncode == 0:
+        return None
+    stderr = proc.stderr.strip()
+    return stderr.splitlines()[-1] if stderr else "exit %d" % proc.returncode
 
 
 def _alive(pid: int) -> bool:

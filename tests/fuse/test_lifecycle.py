@@ -375,6 +375,36 @@ def test_busy_umount_fails_and_lazy_succeeds(
     clean_log(mount.log)
 
 
+def test_umount_waits_out_a_monitor_polling_the_mount(
+    edge_pack: Path, mount_factory: Callable[..., Mount]
+) -> None:
+    """A path lookup in flight holds a mount busy: a monitor reading its stats xattr every few
+    milliseconds made a plain unmount fail most of the time. `fanfs umount` retries busy for
+    2 s, which waits such a monitor out."""
+    mount = mount_factory(edge_pack)
+    poller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, time\n"
+            "while True:\n"
+            "    try:\n"
+            "        os.getxattr(%r, 'user.fanfs.stats')\n"
+            "    except OSError:\n"
+            "        break\n"
+            "    time.sleep(0.002)\n" % str(mount.mnt),
+        ]
+    )
+    try:
+        time.sleep(0.2)
+        assert poller.poll() is None  # it is polling the live mount
+        mount.unmount()  # `fanfs umount` exits 0, the daemon 0, and the mount is gone
+        assert poller.wait(10) == 0  # and the monitor saw it go
+    finally:
+        poller.kill()
+        poller.wait()
+
+
 def test_umount_of_what_is_not_a_fanfs_mount(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
