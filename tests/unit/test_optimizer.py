@@ -52,6 +52,7 @@ from fanfs.optimizer.measurement import (
     CONFIRM_UNITS,
     DECODE_PASSES,
     decode_error,
+    measurement_cost,
 )
 from fanfs.plan import parse_percent, parse_rate
 from tests.conftest import run_fanfs
@@ -1718,6 +1719,32 @@ def test_every_choice_is_confirmed_on_a_few_units_before_any_on_more() -> None:
     assert cost.totals[(small.name, ZSTD19)].units == CONFIRM_UNITS
     assert 8 < cost.totals[(big.name, ZSTD19)].units < CONFIRM_MAX_UNITS
     assert 0 < spent <= 0.42
+
+
+def test_the_seconds_for_more_units_go_first_to_the_least_certain_decode() -> None:
+    """Two choices on 8 units each, both spread tenfold, room to extend one: the class with
+    ten times the bytes but a hundredth of the decode per block waits, and the one whose
+    projected decode may be off by the most seconds gets the units (on the real dataset,
+    ordered by bytes, confirming spent its seconds on the PNG and Python classes while the
+    brotli:11 and lzma:6 choices that stood on 4 units carried 9-13% of the decode each)."""
+    big, big_fn = _timed_units([1e-6, 2e-5] * 20, "c/*.png")
+    big.total_bytes *= 10
+    slow, slow_fn = _timed_units([1e-4, 2e-3] * 20, "c/*.mo")
+    fns = {big.name: big_fn, slow.name: slow_fn}
+
+    def fn(name: str, cand: Candidate, part: Sequence[bytes], dic: bytes | None) -> Measurement:
+        return fns[name](name, cand, part, dic)
+
+    cands = [NONE, REFERENCE, ZSTD19]
+    for order in ([big, slow], [slow, big]):
+        cost = PlanCost(100.0)
+        for cls in order:
+            cost.totals[(cls.name, ZSTD19)] = fn(cls.name, ZSTD19, cls.units[:8], None)
+        # Room for 24.5 more blocks at the slow class's cost so far: one class's worth.
+        per_unit = measurement_cost(cost.totals[(slow.name, ZSTD19)]) / 8
+        confirm(order, [ZSTD19, ZSTD19], cands, cost, fn, seconds=24.5 * per_unit)
+        assert cost.totals[(slow.name, ZSTD19)].units == CONFIRM_MAX_UNITS
+        assert cost.totals[(big.name, ZSTD19)].units == 8
 
 
 def test_confirming_more_units_stops_where_its_seconds_end() -> None:
