@@ -22,14 +22,12 @@ from fanfs.optimizer.measurement import (
     ClassProfile,
     Estimate,
     MeasureFn,
-    Measurement,
     PlanCost,
     confirm,
     measure,
     measurement_cost,
     profile,
     reference_of,
-    unit_ids,
 )
 from fanfs.optimizer.sampling import (
     ClassSample,
@@ -455,18 +453,18 @@ class SolidFit:
     """A candidate measured on a class's runs of small files alone and in solid blocks
     (`_project_solid`), projected onto the class's small files: the bytes the blocks save,
     the files' decode alone and the blocks' with each decoded once, the blocks' mean
-    members, and the share of the candidate's decode of the whole class that its larger
-    files take (`_rest_share`)."""
+    members, and the share of the class's bytes in small files."""
 
     saved: float
     alone_s: float
     blocks_s: float
     members: float
-    rest_share: float
+    small_share: float
 
     def rest_s(self, est: Estimate) -> float:
-        """The decode of the class's larger files with `est`'s candidate (they stay alone)."""
-        return est.decode_s * self.rest_share
+        """The decode of the class's larger files with `est`'s candidate: its estimate's
+        share by bytes (an upper bound: small files cost more per byte)."""
+        return est.decode_s * (1 - self.small_share)
 
 
 def _project_solid(
@@ -505,41 +503,9 @@ def _project_solid(
         alone.decode_s * scale,
         grouped.decode_s * scale,
         len(units) / len(blocks),
-        _rest_share(cls, cost.totals.get((cls.name, cand)), cand, block, small_share),
+        small_share,
     )
     return fit, took
-
-
-# A class's larger files are counted by their share of the decode time measured on the
-# sample's units once the candidate has been measured on at least this many of them.
-REST_SHARE_UNITS: Final = 8
-
-
-def _rest_share(
-    cls: ClassSample, m: Measurement | None, cand: Candidate, block: int, small_share: float
-) -> float:
-    """The share of `cand`'s decode of class `cls` that its larger files (over block / 4
-    bytes: they stay alone) take: their units' share of `m`'s decode time, each unit with
-    its cold cost (`Measurement.cold`, spread evenly over the units as `measure` adds it).
-    The sample's units are the class's chunks drawn alike, so the share carries over to
-    the class. By bytes it would be an upper bound: each object costs a cold decode
-    whatever its size, so small files cost more per byte, and on the real dataset the
-    `.mo`, `.txt` and Ruby docs' classes read in walk order through the mount took
-    0.36-0.45x the walk prediction made by bytes. Falls back to the bytes' share (1 -
-    `small_share`) without per-unit times on REST_SHARE_UNITS units, or when those units
-    hold no larger file while the sample does."""
-    by_bytes = 1.0 - small_share
-    if m is None or m.units < REST_SHARE_UNITS or len(m.unit_decode) != m.units:
-        return by_bytes
-    sizes = [len(cls.measure_units[k]) for k in unit_ids(cand, m)]
-    warm = sum(m.unit_decode)
-    if warm <= 0:
-        return by_bytes
-    cold_each = (m.cold - 1.0) * warm / m.units
-    large = [t + cold_each for t, n in zip(m.unit_decode, sizes, strict=True) if n > block // 4]
-    if not large and by_bytes > 0:
-        return by_bytes
-    return min(sum(large) / (warm * m.cold), 1.0)
 
 
 def _solid_classes(

@@ -827,7 +827,7 @@ def _decode_base(
     if paired is not None:
         return paired
     ref_m = cost.totals.get((cls.name, ref)) if ref is not None else None
-    ids = unit_ids(cand, m)
+    ids = _unit_ids(cand, m)
     if ref_m is not None and len(ref_m.unit_decode) >= len(cls.measure_units):
         return [ref_m.unit_decode[k] for k in ids]
     return [len(cls.measure_units[k]) for k in ids]
@@ -1007,7 +1007,7 @@ def _beside(m: Measurement, ref: Candidate | None) -> tuple[float, ...] | None:
     return None
 
 
-def unit_ids(cand: Candidate, m: Measurement) -> range:
+def _unit_ids(cand: Candidate, m: Measurement) -> range:
     """The sample units (indexes into `ClassSample.measure_units`) a measurement covers: a
     prefix, of the odd units for a dictionary candidate."""
     return range(1, 2 * m.units, 2) if cand.use_dict else range(m.units)
@@ -1034,12 +1034,12 @@ def _consistent(
     for i, (cand, m, _, _, _) in enumerate(ranked):
         if cand == ref or not m.unit_stored:
             continue
-        ids = unit_ids(cand, m)
+        ids = _unit_ids(cand, m)
         own = sum(m.unit_stored)
         for other, om, _, _, _ in ranked[:i]:
             if om.units <= m.units or not om.unit_stored:
                 continue
-            by_id = dict(zip(unit_ids(other, om), om.unit_stored, strict=True))
+            by_id = dict(zip(_unit_ids(other, om), om.unit_stored, strict=True))
             if not all(j in by_id for j in ids):
                 continue
             theirs = sum(by_id[j] for j in ids)

@@ -1326,40 +1326,6 @@ def test_a_solid_class_pays_its_blocks_on_top_of_its_estimate_less_its_small_fil
     assert got["src/*.txt"].walk == pytest.approx(0.001)
 
 
-def test_a_solid_class_counts_its_larger_files_by_their_share_of_the_decode_time() -> None:
-    """64 small files of 1 KB at 50 us each and 8 blocks of 100 KB at 100 us each: the larger
-    files hold 93% of the bytes but take 20% of the decode (each object's cold cost comes
-    whatever its size), and that is the share of the class's estimate they keep in walk
-    order; with a cold factor of 2 each unit carries the same cold cost on top."""
-    from fanfs.optimizer.budgets import _rest_share
-    from fanfs.optimizer.measurement import Measurement
-
-    small, large = [b"s" * 1000] * 64, [b"L" * 100_000] * 8
-    cls = ClassSample("src/*.mo", files=72, total_bytes=864_000, units=small + large)
-    times = (50e-6,) * 64 + (100e-6,) * 8
-    warm = sum(times)
-
-    def m(units: int, cold: float = 1.0, timed: bool = True) -> Measurement:
-        t = times[:units] if units == 72 else times[-units:]
-        return Measurement(
-            units, 0, 0, sum(t) * cold, 0.0, unit_decode=t if timed else (), cold=cold
-        )
-
-    assert _rest_share(cls, m(72), ZSTD19, 131072, 64_000 / 864_000) == pytest.approx(0.2)
-    cold_each = warm / 72  # a cold factor of 2: the warm time again, spread over the units
-    assert _rest_share(cls, m(72, cold=2.0), ZSTD19, 131072, 64_000 / 864_000) == pytest.approx(
-        8 * (100e-6 + cold_each) / (2 * warm)
-    )
-    by_bytes = 1 - 64_000 / 864_000
-    # Without per-unit times, on too few units, or on units that hold no larger file: bytes.
-    assert _rest_share(cls, m(72, timed=False), ZSTD19, 131072, 64_000 / 864_000) == by_bytes
-    assert _rest_share(cls, None, ZSTD19, 131072, 64_000 / 864_000) == by_bytes
-    few = Measurement(7, 0, 0, 7 * 50e-6, 0.0, unit_decode=(50e-6,) * 7)
-    assert _rest_share(cls, few, ZSTD19, 131072, 64_000 / 864_000) == by_bytes
-    only_small = Measurement(16, 0, 0, 16 * 50e-6, 0.0, unit_decode=(50e-6,) * 16)
-    assert _rest_share(cls, only_small, ZSTD19, 131072, 64_000 / 864_000) == by_bytes
-
-
 def test_solid_blocks_are_chosen_when_they_measure_smaller() -> None:
     assert _solid_case(gain=1.5, budget=None) == {"src/*.txt"}
 
