@@ -497,6 +497,43 @@ def against_default(
                     med / base,
                 )
             )
+    print()
+    for n in names:
+        plan = results[n]["inspect"]["plan"]
+        if (
+            plan.get("mode") == "balanced"
+            and plan.get("budget_s")
+            and plan["sample"].get("reference_s")
+        ):
+            # The balanced budget is the plan's own projection of zstd:3; inflated against
+            # the default pack's real epoch, it lets the plan buy slow codecs with seconds
+            # only its model had (docs/benchmarks.md, "2026-11-27, late night").
+            print(
+                "%s: the plan's budget (its zstd:3 epoch) is %.2fx its reference pass and %.2fx "
+                "the default pack's measured epoch (read-ahead on)."
+                % (
+                    n,
+                    plan["budget_s"] / plan["sample"]["reference_s"],
+                    plan["budget_s"] / results["default"]["epoch_vs_default_readahead"],
+                )
+            )
+
+
+def _within(
+    plan: dict[str, Any], got: dict[str, dict[str, float]], name: str, speed: float
+) -> tuple[int, int, int, int]:
+    """Classes whose measured decode (times `speed`) is within 25% of the plan's walk-order
+    prediction: of all measured, all measured; of those predicted at 0.05 s or more, those."""
+    hits = total = big_hits = big = 0
+    for row in plan["classes"]:
+        if not row["decode_s"] or row["class"] not in got:
+            continue
+        p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"])
+        ok = 0.75 <= got[row["class"]][name] * speed / p <= 1.25
+        hits, total = hits + ok, total + 1
+        if p >= 0.05:
+            big_hits, big = big_hits + ok, big + 1
+    return hits, total, big_hits, big
 
 
 def predicted_epoch(plan: dict[str, Any], order: str) -> float:
@@ -673,6 +710,12 @@ def main() -> int:
                     total_m / total_o,
                     total_o / total_p,
                 )
+            )
+            hits, total, big_hits, big = _within(plan, got, n, 1.0)
+            print(
+                "\nWithin 25%% of the prediction: %d of %d classes (%d of the %d predicted to "
+                "decode for 0.05 s or more); adjusted, %d of %d."
+                % (hits, total, big_hits, big, _within(plan, got, n, speed)[0], total)
             )
     if checked and args.epoch:
         print("\n### A shuffled epoch through the mount against the plan\n")
