@@ -153,7 +153,15 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
 
 # Fields of a plan record that grow with the tree: counted in files, or in bytes or seconds.
 _FILE_FIELDS: Final = ("files",)
-_BYTE_FIELDS: Final = ("bytes", "projected_bytes", "decode_s", "budget_s", "compress_s")
+_BYTE_FIELDS: Final = (
+    "bytes",
+    "projected_bytes",
+    "decode_s",
+    "budget_s",
+    "compress_s",
+    "warm_decode_s",
+    "warm_budget_s",
+)
 
 
 def _scales(sample: TreeSample) -> tuple[float, float]:

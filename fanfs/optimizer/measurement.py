@@ -391,6 +391,8 @@ class Estimate:
     smaller on the same units (by WIN_SIGMAS standard errors); selection never picks it.
     `solid`: the class's small files go into solid blocks with this candidate (the balanced
     mode's option, `budgets.SolidOptions`): `stored_bytes` and `decode_s` are projected so.
+    `warm_s`: `decode_s` without the cold-cache penalties (`cold_penalty`), the decode a
+    mount would pay with every cache hot (negative: not known, taken as `decode_s`).
     """
 
     candidate: Candidate
@@ -401,6 +403,12 @@ class Estimate:
     sample_bytes: int
     loses: bool = False
     solid: bool = False
+    warm_s: float = -1.0
+
+    @property
+    def warm(self) -> float:
+        """The decode with hot caches (`warm_s`, or `decode_s` where that is not known)."""
+        return self.decode_s if self.warm_s < 0 else self.warm_s
 
 
 @dataclass(slots=True)
@@ -1071,11 +1079,13 @@ def _project(
             0.0,
             len(units),
             sum(len(u) for u in units),
+            warm_s=per_byte * cls.total_bytes,
         )
     ]
     ref_m = totals.get((cls.name, ref)) if ref is not None else None
     ref_rate = ref_m.decode_s / ref_m.raw_bytes if ref_m and ref_m.raw_bytes else math.inf
     rows: list[tuple[Candidate, Measurement, float, float, bool]] = []
+    warm_of: dict[Candidate, float] = {}
     for cand in candidates:
         m = totals.get((cls.name, cand))
         if m is None or m.raw_bytes == 0:
@@ -1083,6 +1093,8 @@ def _project(
         scale = cls.total_bytes / m.raw_bytes
         stored = m.stored_bytes * scale
         decode_s = m.decode_s * scale
+        # The same projection with hot caches (`cold` is the measurement's cold factor).
+        warm_of[cand] = decode_s / m.cold
         loses = False
         if ref_m is not None and cand != ref:
             rel, wins = _paired(cand, m, ref_m)
@@ -1091,12 +1103,15 @@ def _project(
             rel_decode = _paired_decode(cand, m, ref, ref_m)
             if not math.isnan(rel_decode):
                 decode_s = ref_m.decode_s * cls.total_bytes / ref_m.raw_bytes * rel_decode
+                # (a candidate of the reference's decoder shares its cold factor)
+                warm_of[cand] = decode_s / (ref_m.cold if _same_decoder(cand, ref) else m.cold)
                 penalty = (penalties or {}).get((cls.name, cand.spec.codec_id))
                 if cand.use_dict and penalty is not None:
                     warm = ref_m.decode_s / ref_m.cold * cls.total_bytes / ref_m.raw_bytes
                     if not _same_decoder(cand, ref):
                         rel_decode *= ref_m.cold / m.cold  # (the warm ratio)
                     decode_s = warm * rel_decode + penalty * cls.chunks
+                    warm_of[cand] = warm * rel_decode
             # (a relative tolerance: the same decode computed in another order may round
             # below the reference's, and a candidate no faster would escape the rule)
             loses = not wins and decode_s >= ref_rate * cls.total_bytes * (1 - 1e-9)
@@ -1113,6 +1128,7 @@ def _project(
                 m.units,
                 m.raw_bytes,
                 loses,
+                warm_s=min(warm_of[cand], decode_s),
             )
         )
     return ClassProfile(cls.name, cls.files, cls.total_bytes, estimates, cls.dictionary)

@@ -4,8 +4,9 @@ class under a decode budget or, dually, a capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -107,13 +108,16 @@ class Objective:
     """What to optimise.
 
     mode "sync" or "prefetch": minimise stored bytes under a decode budget of `budget_s`
-    seconds of one-thread decode per epoch. mode "capacity": minimise decode seconds under
-    `capacity_bytes`, and if `budget_s` is not None also require decode <= budget_s.
+    seconds of one-thread decode per epoch, and if `warm_budget_s` is not None (the
+    balanced mode) also under that budget for the decode with hot caches (`Estimate.warm`).
+    mode "capacity": minimise decode seconds under `capacity_bytes`, and if `budget_s` is
+    not None also require decode <= budget_s.
     """
 
     mode: str
     budget_s: float | None
     capacity_bytes: int | None = None
+    warm_budget_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +131,13 @@ class Selection:
     problem: str = ""  # one line when not feasible
 
 
-def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
-    # Drop dominated estimates (no smaller and no faster than another); exact-safe, and it
-    # keeps the frontier small. Sorted by size so that ties resolve deterministically.
+def _options(
+    profiles: Sequence[ClassProfile], weight: Callable[[Estimate], float] | None = None
+) -> list[list[Estimate]]:
+    # Drop dominated estimates (no smaller and no faster than another, by `weight`: the
+    # decode by default); exact-safe, and it keeps the frontier small. Sorted by size so
+    # that ties resolve deterministically.
+    cost = weight or (lambda e: e.decode_s)
     out = []
     for prof in profiles:
         # On a tie, none first: an incompressible class is stored raw, verified but never
@@ -145,11 +153,11 @@ def _options(profiles: Sequence[ClassProfile]) -> list[list[Estimate]]:
                 for e in prof.estimates
                 if not e.loses and (raw is None or e.candidate == NONE or e.stored_bytes < raw)
             ),
-            key=lambda e: (e.stored_bytes, e.decode_s, e.candidate != NONE, str(e.candidate)),
+            key=lambda e: (e.stored_bytes, cost(e), e.candidate != NONE, str(e.candidate)),
         )
         kept: list[Estimate] = []
         for e in ests:
-            if not kept or e.decode_s < min(k.decode_s for k in kept):
+            if not kept or cost(e) < min(cost(k) for k in kept):
                 kept.append(e)
         out.append(kept)
     return out
@@ -166,11 +174,15 @@ def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
         min((e.decode_s for e in p.estimates if e.candidate == NONE), default=0.0) for p in profiles
     )
     if objective.budget_s is not None and objective.budget_s < floor:
-        objective = Objective(objective.mode, floor, objective.capacity_bytes)
+        objective = dataclasses.replace(objective, budget_s=floor)
     opts = _options(profiles)
     if objective.mode == "capacity":
         return _select_capacity(opts, objective)
     assert objective.budget_s is not None
+    if objective.warm_budget_s is not None:
+        both = _select_both(profiles, objective.budget_s, objective.warm_budget_s)
+        if both is not None:
+            return both
     sol = solve_mckp(
         [[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], objective.budget_s
     )
@@ -181,6 +193,46 @@ def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
             opts, sol, False, "no plan keeps decoding within the %s budget" % objective.mode
         )
     return _selection(opts, sol, True)
+
+
+# The weights `_select_both` gives the cold budget against the warm one (1: the cold
+# budget alone, 0: the warm alone).
+BOTH_WEIGHTS: Final = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+
+
+def _select_both(
+    profiles: Sequence[ClassProfile], budget_s: float, warm_budget_s: float
+) -> Selection | None:
+    """The smallest selection found within both decode budgets, cold (`decode_s`) and warm
+    (`Estimate.warm`), or None if none is found (the caller keeps the cold budget alone).
+
+    A knapsack with two budgets is solved through one: for each weight w of BOTH_WEIGHTS,
+    exactly under w x cold / budget_s + (1 - w) x warm / warm_budget_s <= 1, which every
+    selection within both budgets satisfies; of the selections that turn out within both,
+    the smallest. (The best w is not always on the grid: the result is within both budgets,
+    and at most as large as the cold budget's alone when that one is within both.)"""
+    if budget_s <= 0 or warm_budget_s <= 0:
+        return None
+    best: Selection | None = None
+    for w in BOTH_WEIGHTS:
+
+        def weight(e: Estimate, w: float = w) -> float:
+            return w * e.decode_s / budget_s + (1 - w) * e.warm / warm_budget_s
+
+        opts = _options(profiles, weight)
+        sol = solve_mckp([[(weight(e), float(e.stored_bytes)) for e in g] for g in opts], 1.0)
+        if sol is None:
+            continue
+        sel = _selection(opts, sol, True)
+        warm = sum(e.warm for e in sel.choices)
+        tol = 1 + 1e-9
+        if sel.decode_s > budget_s * tol or warm > warm_budget_s * tol:
+            continue
+        if best is None or sel.stored_bytes < best.stored_bytes:
+            best = sel
+        if w == 1.0:
+            break  # the cold budget alone is within the warm one: nothing smaller exists
+    return best
 
 
 def _select_capacity(opts: list[list[Estimate]], objective: Objective) -> Selection:
