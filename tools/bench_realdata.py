@@ -517,6 +517,18 @@ def against_default(
                     plan["budget_s"] / results["default"]["epoch_vs_default_readahead"],
                 )
             )
+            if plan.get("warm_budget_s"):
+                print(
+                    "%s: with hot caches, the plan decodes %.3f s of a %.3f s budget; with "
+                    "the cold penalties, %.3f s of %.3f s."
+                    % (
+                        n,
+                        plan["warm_decode_s"],
+                        plan["warm_budget_s"],
+                        plan["decode_s"],
+                        plan["budget_s"],
+                    )
+                )
 
 
 def _within(
