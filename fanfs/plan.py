@@ -339,6 +339,12 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             "%.1f us per file"
             % (decode, 100 * decode / budget if budget else 0.0, budget, 1e6 * decode / files)
         )
+        warm, warm_budget = record.get("warm_decode_s"), record.get("warm_budget_s")
+        if warm is not None and warm_budget:
+            out.append(
+                "            with hot caches %.3f s, %.1f%% of zstd:3's %.3f s"
+                % (warm, 100 * warm / warm_budget, warm_budget)
+            )
     else:
         out.append(
             "decode      %.3f s per epoch on one thread; %.1f us per file"

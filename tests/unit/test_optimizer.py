@@ -1569,9 +1569,14 @@ def test_a_balanced_plan_records_its_solid_classes(tmp_path: Path, mode: str) ->
         solid_block=16384,
         measure_fn=_per_object_measure(64e-6),
     )
-    rows = {row["class"]: row for row in plan_record(plan)["classes"]}
+    from fanfs.plan import summary_lines
+
+    record = plan_record(plan)
+    rows = {row["class"]: row for row in record["classes"]}
+    hot = [line for line in summary_lines(record) if "with hot caches" in line]
     if mode == "sync":
         assert plan.solid == frozenset() and not rows["ann/*.json"]["solid"]
+        assert record["warm_budget_s"] is None and hot == []
         return
     assert plan.solid == {"ann/*.json"}
     row = rows["ann/*.json"]
@@ -1579,6 +1584,9 @@ def test_a_balanced_plan_records_its_solid_classes(tmp_path: Path, mode: str) ->
     assert row["solid_decode_s"]["walk"] < row["solid_decode_s"]["random"]
     assert any(c["solid"] and c["codec"] == "zstd:19" for c in row["candidates"])
     assert plan.selection.decode_s <= (plan.budget_s or 0.0) * (1 + 1e-9)
+    # the second budget, with hot caches: recorded, kept, and shown
+    assert 0 < record["warm_decode_s"] <= record["warm_budget_s"] * (1 + 1e-9)
+    assert len(hot) == 1 and "of zstd:3's" in hot[0]
 
 
 @pytest.mark.parametrize(("smaller", "loses"), [(0.7, False), (0.95, True)])
