@@ -1307,25 +1307,22 @@ def _two_budget_profiles() -> list[ClassProfile]:
     lzma stores 30% smaller at twice zstd:3's decode, cold or hot alike."""
     lzma = Candidate(parse_codec("lzma:6"))
     dictionary = Candidate(parse_codec("zstd:19"), use_dict=True)
-    small = ClassProfile(
+
+    def profile_of(
+        name: str, files: int, *rows: tuple[Candidate, int, float, float]
+    ) -> ClassProfile:
+        ests = [Estimate(c, n, cold, 1.0, 8, 1000, warm_s=hot) for c, n, cold, hot in rows]
+        return ClassProfile(name, files, 1000, ests)
+
+    small = profile_of(
         "c/*.ri",
         10_000,
-        1000,
-        [
-            Estimate(NONE, 1000, 0.05, 0.0, 8, 1000, warm_s=0.01),
-            Estimate(ZSTD3, 300, 1.0, 1.0, 8, 1000, warm_s=0.2),
-            Estimate(dictionary, 240, 0.3, 1.0, 8, 1000, warm_s=0.2),
-        ],
+        (NONE, 1000, 0.05, 0.01),
+        (ZSTD3, 300, 1.0, 0.2),
+        (dictionary, 240, 0.3, 0.2),
     )
-    large = ClassProfile(
-        "c/*.syso",
-        10,
-        1000,
-        [
-            Estimate(NONE, 1000, 0.01, 0.0, 8, 1000, warm_s=0.01),
-            Estimate(ZSTD3, 300, 0.5, 1.0, 8, 1000, warm_s=0.5),
-            Estimate(lzma, 210, 1.1, 1.0, 8, 1000, warm_s=1.1),
-        ],
+    large = profile_of(
+        "c/*.syso", 10, (NONE, 1000, 0.01, 0.01), (ZSTD3, 300, 0.5, 0.5), (lzma, 210, 1.1, 1.1)
     )
     return [small, large]
 
