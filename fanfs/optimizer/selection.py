@@ -210,7 +210,8 @@ def _select_both(
     exactly under w x cold / budget_s + (1 - w) x warm / warm_budget_s <= 1, which every
     selection within both budgets satisfies; of the selections that turn out within both,
     the smallest. (The best w is not always on the grid: the result is within both budgets,
-    and at most as large as the cold budget's alone when that one is within both.)"""
+    and is the cold budget's own optimum when that one is within both; otherwise it is the
+    best on the grid, and `exact` speaks of that weight's knapsack only.)"""
     if budget_s <= 0 or warm_budget_s <= 0:
         return None
     best: Selection | None = None
