@@ -91,19 +91,14 @@ def umount(mountpoint: str, *, lazy: bool = False) -> str | None:
     pid, rank = answer or (None, None)
     cmd = [tool, "-u"] + (["-z"] if lazy else []) + [os.path.abspath(mountpoint)]
     deadline = time.monotonic() + BUSY_RETRY_S
-    while True:
-        message = _fusermount(cmd, mountpoint, tool)
-        if message is None:
-            break
-        busy = "busy" in message.lower()
-        if busy and time.monotonic() < deadline:
-            time.sleep(BUSY_RETRY_INTERVAL_S)
-            continue
-        if busy:
+    while (message := _fusermount(cmd, mountpoint, tool)) is not None:
+        if "busy" not in message.lower():
+            raise MountSetupError("cannot unmount %s: %s" % (mountpoint, message))
+        if time.monotonic() >= deadline:
             raise MountSetupError(
                 "%s is busy (files are open); close them, or use --lazy" % mountpoint
             )
-        raise MountSetupError("cannot unmount %s: %s" % (mountpoint, message))
+        time.sleep(BUSY_RETRY_INTERVAL_S)
     if not lazy and answer is None:
         raise MountSetupError(
             "%s unmounted, but its daemon did not answer within %ds (stopped or hung?), so "

@@ -113,12 +113,17 @@ def reference_decode_s(profiles: Sequence[ClassProfile], candidates: Sequence[Ca
     never projected larger. Without the reference among the candidates, the cheapest plain
     candidate stands in (`reference_of`)."""
     ref = reference_of(candidates)
-    total = 0.0
+    return sum(e.decode_s for e in _reference_estimates(profiles, ref))
+
+
+def _reference_estimates(profiles: Sequence[ClassProfile], ref: Candidate | None) -> list[Estimate]:
+    """Each class's estimate with `ref` alone (not in solid blocks), where it has one."""
+    out = []
     for prof in profiles:
-        total += next(
-            (e.decode_s for e in prof.estimates if e.candidate == ref and not e.solid), 0.0
-        )
-    return total
+        est = next((e for e in prof.estimates if e.candidate == ref and not e.solid), None)
+        if est is not None:
+            out.append(est)
+    return out
 
 
 def balanced_objective(
@@ -145,11 +150,7 @@ def balanced_objective(
 def reference_warm_s(profiles: Sequence[ClassProfile], candidates: Sequence[Candidate]) -> float:
     """`reference_decode_s` with hot caches (`Estimate.warm`): the balanced mode's second
     budget."""
-    ref = reference_of(candidates)
-    return sum(
-        next((e.warm for e in prof.estimates if e.candidate == ref and not e.solid), 0.0)
-        for prof in profiles
-    )
+    return sum(e.warm for e in _reference_estimates(profiles, reference_of(candidates)))
 
 
 @dataclass(frozen=True, slots=True)
