@@ -5,9 +5,7 @@ it is the same bytes every time; tests/data/pack-reference.json records the sha2
 file of the packs the pre-streaming pack code (commit 9cd7d7e) wrote of it, and
 tests/unit/test_pack_stream.py checks that today's code writes exactly those bytes.
 `auto-dict` was recorded again after issue 14 changed the dictionary trainer on purpose
-(fixed training parameters, the size chosen by measurement), and again when the sample's
-units came to be drawn in `spread_order` (the dictionary trains on other files); the others
-are 9cd7d7e's.
+(fixed training parameters, the size chosen by measurement); the others are 9cd7d7e's.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ ISO codes, word lists). The full set is about 1 GB, 60 k files; `--quick` about 
 Prints one markdown table (pack, ratio, size, time), the per-class ratios of each fanfs pack
 (realised, from the pack itself), and with `--per-class PACKS` each coded class's decode through
 the mount against the plan's prediction: one reader reads each class in walk order on a fresh
-mount (read-ahead on, no object cache, the page cache dropped per file), and the daemon's own
-decode time (`decode_ns`: verify and decode) is taken, median of `--passes` mounts. With
+mount (read-ahead on, no object cache, the page cache dropped per file) once it has served one
+file of every other class, and the daemon's own decode time for the class (`decode_ns`: verify
+and decode) is taken, median of `--passes` mounts; the count of classes within 25% of their
+prediction, and of those at most 25% over it, follow the table. With
 `--epoch`, each of those packs is also read whole once in a shuffled order across all classes
 (read-ahead off, then on), as a training epoch reads it, against the plan's epoch; and when
 the default system is built too, against the default pack's own epochs (`--epoch-repeats`

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -76,43 +75,12 @@ def _allocate(sizes: list[int], budget: int) -> list[int]:
     return [int(min(s, max(floor, lo * s))) for s in sizes]
 
 
-# 1/golden ratio: the additive sequence (u + i * GOLDEN) mod 1 spreads every prefix of
-# itself over [0, 1) about as evenly as a prefix can be (the three-gap theorem).
-GOLDEN: Final = (math.sqrt(5) - 1) / 2
-
-
-def spread_order(total: int, rng: np.random.Generator) -> Iterator[int]:
-    """Every number below `total` once, in an order whose every prefix is spread across the
-    range: the golden-ratio sequence from a random start, scaled to `total`, each number the
-    first time it comes up, then those it skipped in random order.
-
-    Each number is equally likely to come first, as in a random permutation, so a prefix is
-    still an unbiased sample, but k numbers fall about 1/k of the range apart. Over a
-    class's chunks in walk order the first units come from nearly as many files (and
-    directories) as there are units, each file in proportion to its chunks. Candidates are
-    measured on prefixes of the sample, often of 2-8 units; on the real dataset's classes of
-    a few large files, the first 8 units came from 7.6 of the 23 PPM files (5.9 with a
-    random permutation) and 6.6 of the 79 FITS files (5.5), means over 300 seeds."""
-    if total <= 0:
-        return
-    seen = np.zeros(total, dtype=bool)
-    x = float(rng.random())
-    for _ in range(total):
-        number = min(int(x * total), total - 1)
-        if not seen[number]:
-            seen[number] = True
-            yield number
-        x = (x + GOLDEN) % 1.0
-    rest = np.flatnonzero(~seen)
-    yield from rng.permutation(rest).tolist()
-
-
 def _pick_units(
     members: list[FileRef], chunk_size: int, block_size: int, want: int, rng: np.random.Generator
 ) -> list[tuple[FileRef, int, int, int]]:
-    """Chunks of `members` until `want` bytes (at least one chunk), in `spread_order` over
-    the class's chunks in walk order, as (file, chunk number, offset, length): the units the
-    pack will compress (blocks for a file larger than a chunk)."""
+    """Chunks of `members` in random order until `want` bytes (at least one chunk), as
+    (file, chunk number, offset, length): the units the pack will compress (blocks for a
+    file larger than a chunk)."""
     units = [storage_unit(f.size, chunk_size, block_size) for f in members]
     counts = np.array(
         [chunk_count(f.size, unit) for f, unit in zip(members, units, strict=True)],
@@ -124,7 +92,7 @@ def _pick_units(
     got = 0
     if total == 0:
         return picked
-    for number in spread_order(total, rng):
+    for number in rng.permutation(total).tolist():
         i = int(np.searchsorted(ends, number, side="right"))
         f = members[i]
         k = number - (int(ends[i - 1]) if i else 0)

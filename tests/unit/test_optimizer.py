@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from fanfs.compression import parse_codec
@@ -1963,29 +1962,3 @@ def test_a_candidate_wins_by_its_share_of_every_unit_however_unequal_the_units(
     by = {str(e.candidate): e for e in prof.estimates}
     assert by["zstd:19"].sample_units == 10
     assert by["zstd:19"].loses is loses
-
-
-def test_the_sample_spreads_its_first_units_across_the_class() -> None:
-    """Candidates are measured on prefixes of a class's sample. Drawn in `spread_order`, the
-    first 8 units of a class of 23 equal files come from 8 different files for every seed,
-    where a random permutation puts two in one file in most seeds; every chunk is still drawn
-    exactly once, and each is as likely as any other to come first."""
-    from fanfs.optimizer.sampling import spread_order
-
-    files, chunks = 23, 5
-    total = files * chunks
-    firsts = np.zeros(total, dtype=np.int64)
-    shuffled_distinct = []
-    for seed in range(200):
-        order = list(spread_order(total, np.random.default_rng(seed)))
-        assert sorted(order) == list(range(total))
-        assert len({n // chunks for n in order[:8]}) == 8
-        firsts[order[0]] += 1
-        perm = np.random.default_rng(seed).permutation(total)[:8]
-        shuffled_distinct.append(len({int(n) // chunks for n in perm}))
-    assert sum(d < 8 for d in shuffled_distinct) > 100
-    for seed in range(200, 20 * total):
-        firsts[next(spread_order(total, np.random.default_rng(seed)))] += 1
-    assert firsts.min() >= 5 and firsts.max() <= 40  # a mean of 20 per chunk
-    assert list(spread_order(0, np.random.default_rng(1))) == []
-    assert list(spread_order(1, np.random.default_rng(1))) == [0]
