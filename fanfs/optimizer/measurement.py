@@ -970,7 +970,7 @@ def _paired_decode(
     projection). A dictionary candidate's cold cost is its own (`dictionary_penalty`, added
     in `_project`); here it shares the reference's like the other levels. A candidate of
     the reference's decoder (zstd decodes about as fast at every level) is taken to decode
-    exactly as fast as the reference unless the ratio of their times shows otherwise by
+    exactly as fast as the reference unless the per-unit differences show otherwise by
     WIN_SIGMAS standard errors and by more than SAME_DECODE: the balanced mode's budget is
     the reference's own decode, and a level that differs by noise alone would otherwise be
     kept out of it, or let in, by chance."""
@@ -987,19 +987,13 @@ def _paired_decode(
     ref_sum = sum(ref_units[:n])
     if ref_sum <= 0:
         return math.nan
-    ratio = sum(m.unit_decode) / ref_sum
     if not _same_decoder(cand, ref):
-        return ratio * m.cold / ref_m.cold
-    if n < 2 or abs(ratio - 1) <= SAME_DECODE:
-        return 1.0
-    # The ratio's standard error from each unit's departure from it, as `_paired` judges
-    # sizes: units of 10 KB and 1 MB differ in time by 100x, and the difference of their
-    # times swamped a level that decodes 1.3x as long on every unit (zstd:19 against zstd:3
-    # on the real dataset's shared objects: 1.29x over all 461 blocks, shown on 4 random
-    # blocks in 49% of draws by the difference of times, in 81% by its ratio).
-    resid = [c - ratio * r for c, r in zip(m.unit_decode, ref_units[:n], strict=True)]
-    var = sum(e * e for e in resid) / (n - 1)
-    if abs(ratio - 1) <= WIN_SIGMAS * math.sqrt(var / n) / (ref_sum / n):
+        return sum(m.unit_decode) / ref_sum * m.cold / ref_m.cold
+    diffs = [c - r for c, r in zip(m.unit_decode, ref_units[:n], strict=True)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.inf
+    ratio = sum(m.unit_decode) / ref_sum
+    if abs(mean) <= WIN_SIGMAS * math.sqrt(var / n) or abs(ratio - 1) <= SAME_DECODE:
         return 1.0
     return ratio
 
