@@ -1356,6 +1356,31 @@ def test_a_plan_within_both_budgets_is_the_cold_budgets_own() -> None:
     assert both.choices == cold_only.choices and both.stored_bytes == cold_only.stored_bytes
 
 
+def test_when_no_weight_is_within_both_budgets_a_shrunk_one_is_not_the_cold_alone() -> None:
+    """Two classes, each with an option fast cold and slow hot (A), its mirror (B), and one a
+    little faster both ways than zstd:3 (C). Every weight's exact knapsack spends one
+    budget's slack past the other: A+A or A+C within the cold budget and 1.3-1.6x over the
+    hot one, B+B the reverse. The cold budget alone chose A+A (hot 1.6x its budget; on the
+    real dataset such a plan decoded 1.21-1.41x the default's epoch). Now a smaller combined
+    budget finds C+C: within both, smaller than zstd:3."""
+    a = Candidate(parse_codec("lz4"))
+    b = Candidate(parse_codec("brotli:5"))
+    c = Candidate(parse_codec("zstd:19"))
+
+    def prof(name: str) -> ClassProfile:
+        rows = ((ZSTD3, 10, 1.0, 1.0), (a, 5, 0.5, 1.6), (b, 5, 1.6, 0.5), (c, 9, 0.95, 0.95))
+        ests = [Estimate(cand, n, cold, 1.0, 8, 1000, warm_s=hot) for cand, n, cold, hot in rows]
+        return ClassProfile(name, 100, 1000, ests)
+
+    profiles = [prof("c/*.a"), prof("c/*.b")]
+    cold_only = select(profiles, Objective("balanced", 2.0))
+    assert [str(e.candidate) for e in cold_only.choices] == ["lz4", "lz4"]
+    both = select(profiles, Objective("balanced", 2.0, warm_budget_s=2.0))
+    assert [str(e.candidate) for e in both.choices] == ["zstd:19", "zstd:19"]
+    assert both.feasible and not both.exact
+    assert both.decode_s <= 2.0 and sum(e.warm for e in both.choices) <= 2.0
+
+
 def test_an_estimates_hot_decode_leaves_out_its_cold_factor() -> None:
     """A measurement whose cold passes took twice its hot ones (`Measurement.cold`)
     projects its decode with the penalty and its `warm` without."""
