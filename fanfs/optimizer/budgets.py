@@ -144,6 +144,7 @@ def balanced_objective(
         reference_decode_s(profiles, candidates),
         settings.capacity_bytes,
         warm_budget_s=reference_warm_s(profiles, candidates),
+        reference=reference_of(candidates),
     )
 
 

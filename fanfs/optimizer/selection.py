@@ -12,7 +12,7 @@ from typing import Final
 
 import numpy as np
 
-from fanfs.optimizer.candidates import NONE
+from fanfs.optimizer.candidates import NONE, Candidate
 from fanfs.optimizer.measurement import ClassProfile, Estimate
 
 
@@ -109,7 +109,9 @@ class Objective:
 
     mode "sync" or "prefetch": minimise stored bytes under a decode budget of `budget_s`
     seconds of one-thread decode per epoch, and if `warm_budget_s` is not None (the
-    balanced mode) also under that budget for the decode with hot caches (`Estimate.warm`).
+    balanced mode) also under that budget for the decode with hot caches (`Estimate.warm`);
+    `reference` is then the candidate whose decode both budgets are, chosen everywhere when
+    nothing else is found within both.
     mode "capacity": minimise decode seconds under `capacity_bytes`, and if `budget_s` is
     not None also require decode <= budget_s.
     """
@@ -118,6 +120,7 @@ class Objective:
     budget_s: float | None
     capacity_bytes: int | None = None
     warm_budget_s: float | None = None
+    reference: Candidate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,9 @@ def select(profiles: Sequence[ClassProfile], objective: Objective) -> Selection:
     assert objective.budget_s is not None
     if objective.warm_budget_s is not None:
         both = _select_both(profiles, objective.budget_s, objective.warm_budget_s)
-        if both is not None:
+        if both is None and objective.reference is not None:
+            both = _everywhere(profiles, objective.reference)
+        if both is not None and _within_both(both, objective.budget_s, objective.warm_budget_s):
             return both
     sol = solve_mckp(
         [[(e.decode_s, float(e.stored_bytes)) for e in g] for g in opts], objective.budget_s
@@ -204,8 +209,8 @@ def _select_both(
     profiles: Sequence[ClassProfile], budget_s: float, warm_budget_s: float
 ) -> Selection | None:
     """The smallest selection found within both decode budgets, cold (`decode_s`) and warm
-    (`Estimate.warm`), or None if none is found (the caller keeps the cold budget alone;
-    not while the reference is an option in every class, `_select_both_shrunk`).
+    (`Estimate.warm`), or None if none is found (the caller then takes the reference in
+    every class, `Objective.reference`, else the cold budget alone).
 
     A knapsack with two budgets is solved through one: for each weight w of BOTH_WEIGHTS,
     exactly under w x cold / budget_s + (1 - w) x warm / warm_budget_s <= 1, which every
@@ -244,9 +249,7 @@ def _select_both_shrunk(
 
     Without it the cold budget alone decided: run L on the real dataset (2026-11-28) found
     none on the grid, and its pack decoded 1.21-1.41x the default's shuffled epoch, its hot
-    decode 1.10x its budget. A selection of the reference everywhere is within both (the
-    budgets are its own decode), so a shrunk budget that holds it is always found when the
-    reference is an option in every class."""
+    decode 1.10x its budget."""
     best: Selection | None = None
     for w in BOTH_WEIGHTS:
         opts, groups = _weighted(profiles, w, budget_s, warm_budget_s)
@@ -265,6 +268,25 @@ def _select_both_shrunk(
             else:
                 hi = mid
     return best
+
+
+def _everywhere(profiles: Sequence[ClassProfile], cand: Candidate) -> Selection | None:
+    """`cand` (alone, not in solid blocks) for every class, or None if a class has no such
+    estimate."""
+    choices = []
+    for prof in profiles:
+        est = next((e for e in prof.estimates if e.candidate == cand and not e.solid), None)
+        if est is None:
+            return None
+        choices.append(est)
+    return Selection(
+        tuple(choices),
+        sum(e.stored_bytes for e in choices),
+        sum(e.decode_s for e in choices),
+        True,
+        False,
+        0.0,
+    )
 
 
 def _weighted(

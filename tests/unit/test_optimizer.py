@@ -1356,13 +1356,10 @@ def test_a_plan_within_both_budgets_is_the_cold_budgets_own() -> None:
     assert both.choices == cold_only.choices and both.stored_bytes == cold_only.stored_bytes
 
 
-def test_when_no_weight_is_within_both_budgets_a_shrunk_one_is_not_the_cold_alone() -> None:
-    """Two classes, each with an option fast cold and slow hot (A), its mirror (B), and one a
-    little faster both ways than zstd:3 (C). Every weight's exact knapsack spends one
-    budget's slack past the other: A+A or A+C within the cold budget and 1.3-1.6x over the
-    hot one, B+B the reverse. The cold budget alone chose A+A (hot 1.6x its budget; on the
-    real dataset such a plan decoded 1.21-1.41x the default's epoch). Now a smaller combined
-    budget finds C+C: within both, smaller than zstd:3."""
+def _mirrored_profiles() -> list[ClassProfile]:
+    """Two classes, each with zstd:3 (10 B, 1.0 s cold and hot), lz4 fast cold and slow hot
+    (5 B, 0.5 / 1.6 s), its mirror brotli:5 (1.6 / 0.5 s), and zstd:19 a little smaller and
+    faster both ways (9 B, 0.95 s)."""
     a = Candidate(parse_codec("lz4"))
     b = Candidate(parse_codec("brotli:5"))
     c = Candidate(parse_codec("zstd:19"))
@@ -1372,13 +1369,42 @@ def test_when_no_weight_is_within_both_budgets_a_shrunk_one_is_not_the_cold_alon
         ests = [Estimate(cand, n, cold, 1.0, 8, 1000, warm_s=hot) for cand, n, cold, hot in rows]
         return ClassProfile(name, 100, 1000, ests)
 
-    profiles = [prof("c/*.a"), prof("c/*.b")]
+    return [prof("c/*.a"), prof("c/*.b")]
+
+
+def test_when_no_weight_is_within_both_budgets_a_shrunk_one_is_not_the_cold_alone() -> None:
+    """Two classes, each with an option fast cold and slow hot (A), its mirror (B), and one a
+    little faster both ways than zstd:3 (C). Every weight's exact knapsack spends one
+    budget's slack past the other: A+A or A+C within the cold budget and 1.3-1.6x over the
+    hot one, B+B the reverse. The cold budget alone chose A+A (hot 1.6x its budget; on the
+    real dataset such a plan decoded 1.21-1.41x the default's epoch). Now a smaller combined
+    budget finds C+C: within both, smaller than zstd:3."""
+    profiles = _mirrored_profiles()
     cold_only = select(profiles, Objective("balanced", 2.0))
     assert [str(e.candidate) for e in cold_only.choices] == ["lz4", "lz4"]
     both = select(profiles, Objective("balanced", 2.0, warm_budget_s=2.0))
     assert [str(e.candidate) for e in both.choices] == ["zstd:19", "zstd:19"]
     assert both.feasible and not both.exact
     assert both.decode_s <= 2.0 and sum(e.warm for e in both.choices) <= 2.0
+
+
+def test_when_nothing_else_is_found_within_both_budgets_the_reference_is_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When neither the grid nor a shrunk budget finds a selection within both budgets, the
+    plan takes the reference (the default pack's codec) in every class, which is within both
+    by construction, and not the cold budget's choice."""
+    from fanfs.optimizer import selection
+
+    monkeypatch.setattr(selection, "_select_both_shrunk", lambda *args: None)
+    profiles = _mirrored_profiles()
+    objective = Objective("balanced", 2.0, warm_budget_s=2.0, reference=ZSTD3)
+    both = select(profiles, objective)
+    assert [str(e.candidate) for e in both.choices] == ["zstd:3", "zstd:3"]
+    assert both.feasible and both.decode_s == pytest.approx(2.0)
+    # Without a reference to fall back on, the cold budget alone decides.
+    unnamed = select(profiles, dataclasses.replace(objective, reference=None))
+    assert [str(e.candidate) for e in unnamed.choices] == ["lz4", "lz4"]
 
 
 def test_an_estimates_hot_decode_leaves_out_its_cold_factor() -> None:
