@@ -635,6 +635,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.epoch_repeats < 1 or args.passes < 0:
         ap.error("--epoch-repeats must be at least 1 and --passes at least 0")
+    if args.per_class and args.passes > 0 and os.geteuid() != 0:
+        ap.error("--per-class drops the page cache between a class's reads: run it as root")
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     os.environ["PYTHONPATH"] = str(REPO)
     tree = build_dataset(args.cache, args.quick)

@@ -36,7 +36,7 @@ from fanfs.optimizer.sampling import (
     read_unit,
     sample_classes,
 )
-from fanfs.optimizer.selection import Objective, Selection, select
+from fanfs.optimizer.selection import Objective, Selection, estimates_of, select
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +113,7 @@ def reference_decode_s(profiles: Sequence[ClassProfile], candidates: Sequence[Ca
     never projected larger. Without the reference among the candidates, the cheapest plain
     candidate stands in (`reference_of`)."""
     ref = reference_of(candidates)
-    return sum(e.decode_s for e in _reference_estimates(profiles, ref))
-
-
-def _reference_estimates(profiles: Sequence[ClassProfile], ref: Candidate | None) -> list[Estimate]:
-    """Each class's estimate with `ref` alone (not in solid blocks), where it has one."""
-    out = []
-    for prof in profiles:
-        est = next((e for e in prof.estimates if e.candidate == ref and not e.solid), None)
-        if est is not None:
-            out.append(est)
-    return out
+    return sum(e.decode_s for e in estimates_of(profiles, ref))
 
 
 def balanced_objective(
@@ -151,7 +141,7 @@ def balanced_objective(
 def reference_warm_s(profiles: Sequence[ClassProfile], candidates: Sequence[Candidate]) -> float:
     """`reference_decode_s` with hot caches (`Estimate.warm`): the balanced mode's second
     budget."""
-    return sum(e.warm for e in _reference_estimates(profiles, reference_of(candidates)))
+    return sum(e.warm for e in estimates_of(profiles, reference_of(candidates)))
 
 
 @dataclass(frozen=True, slots=True)

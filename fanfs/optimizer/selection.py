@@ -265,9 +265,10 @@ def _select_both_shrunk(
     Without it the cold budget alone decided: run L on the real dataset (2026-11-28) found
     none on the grid, and its pack decoded 1.21-1.41x the default's shuffled epoch, its hot
     decode 1.10x its budget. A knapsack of the real dataset's 446-494 estimates takes about
-    45 ms: every weight of the grid, ten halvings each, made its plan 2.2x as long (122 s
-    against 55 s); the two weights around the turn, eight halvings each, add about 0.3 s a
-    selection."""
+    45 ms: every weight of the grid, ten halvings each, forced on each of a plan's
+    selections, made it 2.2x as long (122 s against 55 s); the two weights around the turn,
+    eight halvings each, added 3.3 s to a 58 s plan over its 6 selections (the grid solved
+    again included)."""
     best: Selection | None = None
     for w in weights:
         opts, groups = _weighted(profiles, w, budget_s, warm_budget_s)
@@ -288,15 +289,22 @@ def _select_both_shrunk(
     return best
 
 
+def estimates_of(profiles: Sequence[ClassProfile], cand: Candidate | None) -> list[Estimate]:
+    """Each class's estimate with `cand` alone (not in solid blocks), where it has one."""
+    out = []
+    for prof in profiles:
+        est = next((e for e in prof.estimates if e.candidate == cand and not e.solid), None)
+        if est is not None:
+            out.append(est)
+    return out
+
+
 def _everywhere(profiles: Sequence[ClassProfile], cand: Candidate) -> Selection | None:
     """`cand` (alone, not in solid blocks) for every class, or None if a class has no such
     estimate."""
-    choices = []
-    for prof in profiles:
-        est = next((e for e in prof.estimates if e.candidate == cand and not e.solid), None)
-        if est is None:
-            return None
-        choices.append(est)
+    choices = estimates_of(profiles, cand)
+    if len(choices) < len(profiles):
+        return None
     return Selection(
         tuple(choices),
         sum(e.stored_bytes for e in choices),
