@@ -63,6 +63,9 @@ FANFS_STATS_XATTR = "user.fanfs.stats"
 # CONFIG_EROFS_FS_BACKED_BY_FILE, 6.12 on), `loop` through a loop device, `auto` tries
 # `file` first.
 EROFS_MOUNT_MODES = ("auto", "file", "loop")
+# libfuse's low-level passthrough example, as Debian's libfuse3-dev ships it (the "passthrough"
+# system: the FUSE floor).
+PASSTHROUGH_SOURCE = Path("/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c")
 _MS_RDONLY = 1
 
 _T = TypeVar("_T")
@@ -543,6 +546,7 @@ REQUIRED_PROGRAMS = {
     "fanfs-base": ("fusermount3",),
     "squashfuse": ("mksquashfs", "squashfuse_ll", "fusermount3"),
     "erofs": ("mkfs.erofs", "umount"),
+    "passthrough": ("gcc", "pkg-config", "fusermount3"),
 }
 # The command that reports each system's build tool version (for the result's "versions").
 VERSION_COMMANDS = {
@@ -558,8 +562,8 @@ def check_programs(systems: Sequence[str]) -> None:
     missing = sorted({p for s in systems for p in REQUIRED_PROGRAMS[s] if not shutil.which(p)})
     if missing:
         raise BenchError(
-            "not on PATH: %s (apt-get install fuse3 squashfs-tools squashfuse erofs-utils)"
-            % ", ".join(missing)
+            "not on PATH: %s (apt-get install fuse3 libfuse3-dev pkg-config squashfs-tools "
+            "squashfuse erofs-utils)" % ", ".join(missing)
         )
 
 
@@ -604,6 +608,42 @@ def setup_squashfuse(dataset: Dataset, workdir: Path, mounts: MountStack) -> Sys
         setup,
         mounts,
         ["squashfuse_ll", str(img), str(setup.root)],
+        ["fusermount3", "-u", str(setup.root)],
+        None,
+        log_path,
+    )
+    return setup
+
+
+def setup_passthrough(dataset: Dataset, workdir: Path, mounts: MountStack) -> SystemSetup:
+    """libfuse's `passthrough_ll` example over the raw files: the floor of any FUSE filesystem.
+
+    Its source ships in Debian's libfuse3-dev (PASSTHROUGH_SOURCE); it is compiled here, its
+    "build". A multithreaded C daemon that serves each READ from the raw file (spliced, no
+    copy through user space), with no codec, no checksum and no index, mounted with
+    `cache=always` (kept page cache, day-long entry and attribute timeouts, as fanfs's). What
+    it costs beyond the raw files is what the kernel's FUSE round trip costs on this machine,
+    which a FUSE filesystem cannot go under; fanfs's distance to it is fanfs's own.
+    """
+    if not PASSTHROUGH_SOURCE.is_file():
+        raise BenchError("%s is missing (apt-get install libfuse3-dev)" % PASSTHROUGH_SOURCE)
+    flags = subprocess.run(
+        ["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True, check=False
+    )
+    if flags.returncode:
+        raise BenchError("pkg-config knows no fuse3 (apt-get install libfuse3-dev)")
+    binary, log_path = workdir / "passthrough_ll", workdir / "passthrough.log"
+    build_cmd = ["gcc", "-O2", str(PASSTHROUGH_SOURCE), "-o", str(binary), *flags.stdout.split()]
+    setup = _build_timed(
+        "passthrough", build_cmd, binary, workdir / "mnt-passthrough", log_path, None
+    )
+    setup.size_bytes = dataset.total_bytes  # it serves the raw files themselves
+    setup.details["source"] = str(PASSTHROUGH_SOURCE)
+    options = "source=%s,cache=always,ro" % dataset.root
+    _mount_timed(
+        setup,
+        mounts,
+        [str(binary), "-o", options, str(setup.root)],
         ["fusermount3", "-u", str(setup.root)],
         None,
         log_path,
@@ -756,6 +796,8 @@ def setup_systems(
                     mode=args.erofs_mount,
                 )
             )
+        elif name == "passthrough":
+            setups.append(setup_passthrough(dataset, workdir, mounts))
         else:
             setups.append(setup_squashfuse(dataset, workdir, mounts))
     return setups
@@ -772,6 +814,8 @@ def workdir_names(systems: Sequence[str]) -> list[str]:
             names += ["image.erofs", "mnt-erofs", "erofs.log"]
         elif name == "squashfuse":
             names += ["image.squashfs", "mnt-squashfuse", "squashfuse.log"]
+        elif name == "passthrough":
+            names += ["passthrough_ll", "mnt-passthrough", "passthrough.log"]
     return names
 
 
