@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -64,7 +65,7 @@ FANFS_STATS_XATTR = "user.fanfs.stats"
 # `file` first.
 EROFS_MOUNT_MODES = ("auto", "file", "loop")
 # libfuse's low-level passthrough example, as Debian's libfuse3-dev ships it (the "passthrough"
-# system: the FUSE floor).
+# system: a C FUSE daemon over the raw files).
 PASSTHROUGH_SOURCE = Path("/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c")
 _MS_RDONLY = 1
 
@@ -616,14 +617,16 @@ def setup_squashfuse(dataset: Dataset, workdir: Path, mounts: MountStack) -> Sys
 
 
 def setup_passthrough(dataset: Dataset, workdir: Path, mounts: MountStack) -> SystemSetup:
-    """libfuse's `passthrough_ll` example over the raw files: the floor of any FUSE filesystem.
+    """libfuse's `passthrough_ll` example over the raw files, mounted through FUSE.
 
     Its source ships in Debian's libfuse3-dev (PASSTHROUGH_SOURCE); it is compiled here, its
     "build". A multithreaded C daemon that serves each READ from the raw file (spliced, no
     copy through user space), with no codec, no checksum and no index, mounted with
-    `cache=always` (kept page cache, day-long entry and attribute timeouts, as fanfs's). What
-    it costs beyond the raw files is what the kernel's FUSE round trip costs on this machine,
-    which a FUSE filesystem cannot go under; fanfs's distance to it is fanfs's own.
+    `cache=always` (kept page cache, day-long entry and attribute timeouts, as fanfs's). For
+    files opened once and read many times, what it costs beyond the raw files is the kernel's
+    FUSE READ round trip on this machine: the floor under any FUSE filesystem. It is no floor
+    for many small files: each open() costs it an OPEN and a RELEASE, which fanfs's no-open
+    mode never receives.
     """
     if not PASSTHROUGH_SOURCE.is_file():
         raise BenchError("%s is missing (apt-get install libfuse3-dev)" % PASSTHROUGH_SOURCE)
@@ -632,6 +635,17 @@ def setup_passthrough(dataset: Dataset, workdir: Path, mounts: MountStack) -> Sy
     )
     if flags.returncode:
         raise BenchError("pkg-config knows no fuse3 (apt-get install libfuse3-dev)")
+    # It holds an O_PATH fd for every inode the kernel knows, so a tree needs about as many
+    # open files as it has files and directories (the daemon inherits this process's limit).
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    needed = len(dataset.relpaths) + len({os.path.dirname(r) for r in dataset.relpaths}) + 64
+    if needed > hard:
+        raise BenchError(
+            "passthrough_ll holds an open file per file and directory; %d files exceed this "
+            "machine's limit of %d open files (ulimit -Hn): use fewer files"
+            % (len(dataset.relpaths), hard)
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     binary, log_path = workdir / "passthrough_ll", workdir / "passthrough.log"
     build_cmd = ["gcc", "-O2", str(PASSTHROUGH_SOURCE), "-o", str(binary), *flags.stdout.split()]
     setup = _build_timed(
