@@ -24,20 +24,21 @@ during which another process dropped the page cache (/proc/vmstat) is run again.
 
 How to read the table. files/s and MB/s (1 MB = 10^6 bytes) come from the median time over
 `--repeats`; `x native` is native's time over this system's in the same repeat, epoch and
-reader style, median over repeats (above 1 = faster than the raw files); `spread` is
-(max - min) / median of the times, so a ratio means little where it is within the spreads.
-`x erofs`, on fanfs rows, is the same paired ratio against the kernel's EROFS, the limit for
-a compressed read-only image (no daemon, no request round trips): erofs's time over fanfs's,
+reader style, median over repeats (above 1 = faster than the raw files); `spread` is (max -
+min) / median of the times, so a ratio means little where it is within the spreads. `x
+erofs`, on fanfs rows, is the same paired ratio against the kernel's EROFS, the limit for a
+compressed read-only image (no daemon, no request round trips): erofs's time over fanfs's,
 so 1.00 = as fast as EROFS and 0.50 = half its speed. `x passthrough`, on fanfs rows, is the
-same against the `passthrough` system (not run by default): libfuse's passthrough_ll example,
-compiled from Debian's libfuse3-dev, serving the raw files through FUSE from C, with no codec
-and no checksum. It is a stock FUSE daemon, not a floor for this workload: every open()
-sends it an OPEN and a RELEASE (fanfs's no-open mode sends neither), and it holds an open
-file per inode the kernel knows (`--files` must stay under `ulimit -Hn`). The second table gives image build time and size (page cache dropped first), mount time
-(caches dropped first; until the mount shows in mountinfo) and the FUSE daemon's memory
-(VmRSS after mount and at the end, VmHWM peak; summed over its processes). Every epoch checks
-that each file read returned its expected size; an untimed pass per mounted system also
-compares the sha256 of every file with the raw files. Any mismatch or read error fails.
+same against the `passthrough` system (not run by default): libfuse's passthrough_ll
+example, compiled from Debian's libfuse3-dev, serving the raw files through FUSE from C,
+with no codec and no checksum. It is a stock FUSE daemon, not a floor for this workload:
+every open() sends it an OPEN and a RELEASE (fanfs's no-open mode sends neither), and it
+holds an open file per inode the kernel knows (`--files` must stay under `ulimit -Hn`). The
+second table gives image build time and size (page cache dropped first), mount time (caches
+dropped first; until the mount shows in mountinfo) and the FUSE daemon's memory (VmRSS after
+mount and at the end, VmHWM peak; summed over its processes). Every epoch checks that each
+file read returned its expected size; an untimed pass per mounted system also compares the
+sha256 of every file with the raw files. Any mismatch or read error fails.
 
 Run as root: `.venv/bin/python tools/bench_read.py [--quick] [--systems native,fanfs,erofs]`.
 The JSON result goes to results/bench_read-<host>-<YYYYmmddTHHMM>.json and the markdown
