@@ -307,11 +307,11 @@ def _everywhere(profiles: Sequence[ClassProfile], cand: Candidate) -> Selection 
         return None
     return Selection(
         tuple(choices),
-        sum(e.stored_bytes for e in choices),
-        sum(e.decode_s for e in choices),
-        True,
-        False,
-        0.0,
+        stored_bytes=sum(e.stored_bytes for e in choices),
+        decode_s=sum(e.decode_s for e in choices),
+        feasible=True,
+        exact=False,
+        gap=0.0,
     )
 
 
