@@ -319,7 +319,7 @@ class Operations(pyfuse3.Operations):
             if whole:
                 return data
             if self.prefetcher is not None:
-                self.prefetcher.push_rest(entry, first, data)
+                self.prefetcher.push_rest(entry, first, data, off - base, end - base)
             return memoryview(data)[off - base : end - base]
         parts = []
         for k in range(first, last + 1):

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import collections
 import logging
+import mmap
+import queue
 import stat
 import threading
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import trio
@@ -81,8 +83,18 @@ BATCH_BYTES: Final = 1024 * 1024
 # coalesce them (its messages carry up to 4 MiB).
 REMOTE_BATCH_BYTES: Final = 4 * 1024 * 1024
 # Blocks waiting to be pushed whole into the page cache after a READ used part of them
-# (`push_rest`): more are dropped.
+# (`push_rest`, `push_mates`): more are dropped.
 REST_QUEUE_BYTES: Final = 8 * 1024 * 1024
+# A file whose reader comes back to a partly read block before its push has landed
+# (RACES_TO_WAIT times: a mapped file faulting page after page, as LMDB with MADV_RANDOM
+# does) has its next WAIT_PUSHES partly read blocks pushed before the READ is answered;
+# then one push is left to land on its own again, to see whether the reader still races it.
+RACES_TO_WAIT: Final = 2
+WAIT_PUSHES: Final = 64
+# How long a READ waits for its block's push. The kernel locks each page it stores into,
+# and a page another READ is filling stays locked until that READ is answered, maybe by
+# this very process: past this, the READ is answered and the file's pushes no longer wait.
+PUSH_WAIT_S: Final = 0.02
 # Background fill: stored bytes read and decoded per step.
 FILL_BATCH_BYTES: Final = 1024 * 1024
 
@@ -163,8 +175,15 @@ class Prefetcher:
         self._hint_pos: np.ndarray | None = None
         self._hint_ahead: _Ahead | None = None
         self._fill = fill and isinstance(store.objects, MinioCache)
-        self._rest: list[tuple[int, int, bytes | memoryview, int]] = []  # + its counter
-        self._rest_bytes = 0
+        self._pusher = (
+            None
+            if self.notify is None
+            else _Pusher(self.notify, store.shared.pushed, self.counters)
+        )
+        # Per file: times its reader raced a push (`push_rest`), and the pushes left to wait
+        # for (0: the next push shows whether the reader still races).
+        self._races: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._waits: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._busy = 0  # workers in the middle of a batch
         self._started = trio.Event()
 
@@ -306,20 +325,69 @@ class Prefetcher:
         return usize
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.workers):
-                nursery.start_soon(self._worker)
-            if self._fill:
-                nursery.start_soon(self._fill_cache)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.workers):
+                    nursery.start_soon(self._worker)
+                if self._fill:
+                    nursery.start_soon(self._fill_cache)
+        finally:
+            if self._pusher is not None:
+                self._pusher.stop()
 
-    def push_rest(self, entry: int, chunk_no: int, data: bytes | memoryview) -> None:
-        """A READ used part of this decoded chunk: a reader seeking inside a large file (an
-        HDF5, LMDB or npy file; the kernel asks for what the reader asked). Put the whole
-        chunk into the page cache, so that the reader's next reads in it reach no daemon and
-        decode nothing again. Skipped without the page cache as target, without read-ahead,
-        and while REST_QUEUE_BYTES wait already."""
-        if self.read_ahead:
-            self._queue_rest(entry, chunk_no, data, sh.REST_PUSHED)
+    def push_rest(
+        self, entry: int, chunk_no: int, data: bytes | memoryview, start: int, end: int
+    ) -> None:
+        """A READ used bytes `start:end` of this decoded chunk: a reader seeking inside a
+        large file (an HDF5, LMDB or npy file; the kernel asks for what the reader asked).
+        Put the rest of the chunk into the page cache, so that the reader's next reads in it
+        reach no daemon and decode nothing again. Skipped without the page cache as target,
+        without read-ahead, and while REST_QUEUE_BYTES wait already.
+
+        The push is a thread's (`_Pusher`), and a reader that faults the next page at once
+        gets there first: a READ for every page, each answered from the buffer. A file where
+        that happens (RACES_TO_WAIT) has its pushes waited for before the READ is answered,
+        while nothing else is loading in this process: the trio thread blocks for about
+        100 µs, at most PUSH_WAIT_S. Trio thread only."""
+        pusher = self._pusher
+        if pusher is None or not self.read_ahead:
+            return
+        cid = self.index.first[entry] + chunk_no
+        if pusher.pending(cid):
+            self._raced(entry)
+            return
+        wait = False
+        left = self._waits.get(entry)
+        if left == 0:  # the push left to land on its own was not raced
+            del self._waits[entry]
+        elif left is not None:
+            if left > 1 and not self.store.loading:
+                self._waits[entry] = left - 1
+                wait = True
+            elif left == 1:
+                self._waits[entry] = 0
+        base = chunk_no * self.store.reader.unit(entry)
+        parts = _around(data, start, end)
+        if not parts:
+            return
+        if not wait:
+            pusher.submit(entry + 1, cid, base, parts, sh.REST_PUSHED)
+        elif pusher.submit(entry + 1, cid, base, parts, sh.REST_PUSHED, wait=PUSH_WAIT_S):
+            self.counters[sh.REST_WAITED] += 1
+        else:  # queue full, or the push blocked: the file's pushes land on their own again
+            self._waits.pop(entry, None)
+
+    def _raced(self, entry: int) -> None:
+        races = self._races.pop(entry, 0) + 1
+        if entry in self._waits or races >= RACES_TO_WAIT:
+            self._waits[entry] = WAIT_PUSHES
+            self._waits.move_to_end(entry)
+            if len(self._waits) > FILE_STREAMS:
+                self._waits.popitem(last=False)
+            races = 0
+        self._races[entry] = races
+        if len(self._races) > FILE_STREAMS:
+            self._races.popitem(last=False)
 
     @property
     def pushes(self) -> bool:
@@ -331,44 +399,24 @@ class Prefetcher:
         into the page cache, so that reading them costs no READ and no second decode, in
         whichever serving process the kernel would have asked (each keeps its own decoded
         blocks). Skipped as `push_rest` is."""
-        for entry, data in mates:
-            self._queue_rest(entry, 0, data, sh.SOLID_PUSHED)
-
-    def _queue_rest(
-        self, entry: int, chunk_no: int, data: bytes | memoryview, counter: int
-    ) -> None:
-        if self.notify is None or self._rest_bytes + len(data) > REST_QUEUE_BYTES:
+        if self._pusher is None:
             return
-        self._rest.append((entry, chunk_no, data, counter))
-        self._rest_bytes += len(data)
-        self._lot.unpark()
-
-    async def _push_rest(self) -> None:
-        batch, self._rest, self._rest_bytes = self._rest, [], 0
-        pushed = await trio.to_thread.run_sync(
-            self._push_all, [item[:3] for item in batch], limiter=self._limiter
-        )
         first = self.index.first
-        for (entry, chunk_no, _, counter), ok in zip(batch, pushed, strict=True):
-            if ok:
-                self.store.shared.pushed[first[entry] + chunk_no] = 1
-                self.counters[counter] += 1
+        for entry, data in mates:
+            self._pusher.submit(entry + 1, first[entry], 0, [(0, data)], sh.SOLID_PUSHED)
 
     @property
     def idle(self) -> bool:
-        """Nothing queued and no worker busy (tests wait for this)."""
-        return not self._jobs and not self._rest and not self._busy
+        """Nothing queued, no worker busy, no push pending (tests wait for this)."""
+        return not self._jobs and not self._busy and (self._pusher is None or self._pusher.idle)
 
     async def _worker(self) -> None:
         while True:
-            while not self._jobs and not self._rest:
+            while not self._jobs:
                 await self._lot.park()
             self._busy += 1
             try:
-                if self._rest:
-                    await self._push_rest()
-                else:
-                    await self._work(*self._next_batch())
+                await self._work(*self._next_batch())
             except Exception:  # a bug here must cost read-ahead, never the mount
                 log.exception("read-ahead failed (reads are not affected)", extra=LOG_ONCE)
             finally:
@@ -462,6 +510,111 @@ class Prefetcher:
             await trio.to_thread.run_sync(filler.run, stop.is_set, abandon_on_cancel=True)
         finally:
             stop.set()
+
+
+def _around(data: bytes | memoryview, start: int, end: int) -> list[tuple[int, memoryview]]:
+    """The pages of `data` outside the pages of `start:end` (a READ's, locked by the kernel
+    until it is answered), as (offset, view)."""
+    lo = start - start % mmap.PAGESIZE
+    hi = min(len(data), -(-end // mmap.PAGESIZE) * mmap.PAGESIZE)
+    view = memoryview(data)
+    parts = []
+    if lo > 0:
+        parts.append((0, view[:lo]))
+    if hi < len(data):
+        parts.append((hi, view[hi:]))
+    return parts
+
+
+class _Pusher:
+    """A thread of its own that stores blocks in the kernel's page cache for `push_rest` and
+    `push_mates`. Handing it a block costs a queue put, and a READ that waits for it one
+    wake-up each way (about 100 µs here, where a trio worker thread's round trip cost about
+    300 µs). The thread sets the `pushed` flags and bumps the push counters: it alone writes
+    them. Its set of pending chunks is shared with the trio thread under a lock."""
+
+    def __init__(self, notify: Callable[[int, int, Any], None], pushed: Any, counters: Any) -> None:
+        self._notify = notify
+        self._pushed = pushed
+        self._counters = counters
+        self._queue: queue.SimpleQueue[_PushJob | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending: set[int] = set()  # chunks queued or being pushed
+        self._bytes = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._pending
+
+    def pending(self, cid: int) -> bool:
+        with self._lock:
+            return cid in self._pending
+
+    def submit(
+        self,
+        inode: int,
+        cid: int,
+        base: int,
+        parts: list[tuple[int, memoryview]],
+        counter: int,
+        *,
+        wait: float = 0.0,
+    ) -> bool:
+        """Queue `parts` (offsets from `base`) of chunk `cid` of `inode`. With `wait`, block
+        up to that many seconds for the push; returns whether it was queued (and, with
+        `wait`, done in time). A chunk already pending is not queued again."""
+        nbytes = sum(len(part) for _, part in parts)
+        with self._lock:
+            if cid in self._pending or self._bytes + nbytes > REST_QUEUE_BYTES:
+                return False
+            self._pending.add(cid)
+            self._bytes += nbytes
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fanfs-pusher", daemon=True)
+            self._thread.start()
+        done = threading.Event() if wait else None
+        self._queue.put(_PushJob(inode, cid, base, parts, counter, nbytes, done))
+        return done is None or done.wait(wait)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._push(job)
+            except Exception:  # a bug here must cost the push, never the mount
+                log.exception("page cache push failed (reads are not affected)", extra=LOG_ONCE)
+            finally:
+                with self._lock:
+                    self._pending.discard(job.cid)
+                    self._bytes -= job.nbytes
+                if job.done is not None:
+                    job.done.set()
+
+    def _push(self, job: _PushJob) -> None:
+        for offset, part in job.parts:
+            try:
+                self._notify(job.inode, job.base + offset, part)
+            except OSError as exc:  # ENOENT: the kernel has no inode for it yet
+                log.debug("cannot push inode %d into the page cache: %s", job.inode, exc)
+                return
+        self._pushed[job.cid] = 1
+        self._counters[job.counter] += 1
+
+
+class _PushJob(NamedTuple):
+    inode: int
+    cid: int
+    base: int
+    parts: list[tuple[int, memoryview]]
+    counter: int
+    nbytes: int
+    done: threading.Event | None
 
 
 class CacheFiller:

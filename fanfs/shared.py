@@ -58,6 +58,7 @@ COUNTER_NAMES: Final = (
     "solid_bytes",
     "inline_reads",
     "solid_pushed",
+    "rest_waited",
     # Answered in C by the patched pyfuse3 (FANFS_FAST_COUNTERS, same order, contiguous).
     "fast_opendirs",
     "fast_getxattrs",
@@ -106,6 +107,7 @@ COUNTER_NAMES: Final = (
     SOLID_BYTES,
     INLINE_READS,
     SOLID_PUSHED,
+    REST_WAITED,
     FAST_OPENDIRS,
     FAST_GETXATTRS,
     FAST_LISTXATTRS,

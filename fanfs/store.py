@@ -216,6 +216,11 @@ class ChunkStore:
             or cid in self._broken
         )
 
+    @property
+    def loading(self) -> bool:
+        """Whether this process has a chunk load in flight (a READ's or a prefetch's)."""
+        return bool(self._inflight)
+
     def was_pushed(self, cid: int) -> bool:
         return cid in self._pushed
 

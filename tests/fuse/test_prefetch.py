@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import random
 import socket
@@ -825,3 +826,36 @@ def test_a_block_read_in_part_goes_whole_into_the_page_cache(
         assert delta(stats(mount.mnt), middle, "reads") == 1
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_mapped_reader_faulting_page_after_page_reaches_the_daemon_once_a_block(
+    tmp_path: Path, mount_factory: Callable[..., Mount], processes: str
+) -> None:
+    """LMDB maps its file with MADV_RANDOM: each fault asks for one page, and a value spans
+    pages in a row. The first faults of the file beat their block's push to the next page
+    (a READ per page); from then on, the push lands before the first page's READ is
+    answered, and each block costs one READ."""
+    blocks = 32
+    data = text(blocks * 64 * 1024, 91)
+    src = write_tree(tmp_path / "src", {"data.mdb": data})
+    pack = tmp_path / "mapped.fan"
+    result = run_fanfs("pack", src, pack, "-q", "--chunk-size", "128KiB", "--block-size", "64KiB")
+    assert result.returncode == 0, result.stderr
+    mount = mount_factory(pack, "--processes", processes, "--cache-memory", "0")
+    with (
+        open(mount.mnt / "data.mdb", "rb") as f,
+        mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m,
+    ):
+        m.madvise(mmap.MADV_RANDOM)
+        before = stats(mount.mnt)
+        for block in random.Random(5).sample(range(blocks), blocks):
+            start = block * 64 * 1024
+            for page in range(16):  # a value of 16 pages, faulted in order
+                offset = start + page * 4096
+                assert m[offset : offset + 4096] == data[offset : offset + 4096]
+        after = stats(mount.mnt)
+    # Without waiting for the push, every page of a block but the last few is a READ
+    # (about 16 per block); the few races that switch it on cost a READ each.
+    assert delta(after, before, "reads") <= blocks + 2 * 16
+    assert delta(after, before, "rest_waited") >= blocks - 4, delta(after, before, "reads")
