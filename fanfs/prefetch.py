@@ -87,8 +87,9 @@ REMOTE_BATCH_BYTES: Final = 4 * 1024 * 1024
 REST_QUEUE_BYTES: Final = 8 * 1024 * 1024
 # A file whose reader comes back to a partly read block before its push has landed
 # (RACES_TO_WAIT times: a mapped file faulting page after page, as LMDB with MADV_RANDOM
-# does) has its next WAIT_PUSHES partly read blocks pushed before the READ is answered;
-# then one push is left to land on its own again, to see whether the reader still races it.
+# does) has the pages after the READ's in its next WAIT_PUSHES partly read blocks pushed
+# before the READ is answered (the pages before it follow); then one push is left to land
+# on its own again, to see whether the reader still races it.
 RACES_TO_WAIT: Final = 2
 WAIT_PUSHES: Final = 64
 # How long a READ waits for its block's push. The kernel locks each page it stores into,
@@ -346,9 +347,9 @@ class Prefetcher:
 
         The push is a thread's (`_Pusher`), and a reader that faults the next page at once
         gets there first: a READ for every page, each answered from the buffer. A file where
-        that happens (RACES_TO_WAIT) has its pushes waited for before the READ is answered,
-        while nothing else is loading in this process: the trio thread blocks for about
-        100 µs, at most PUSH_WAIT_S. Trio thread only."""
+        that happens (RACES_TO_WAIT) has the pages after the READ's pushed before the READ is
+        answered, while nothing else is loading in this process: the trio thread blocks for
+        about 100 µs, at most PUSH_WAIT_S. Trio thread only."""
         pusher = self._pusher
         if pusher is None or not self.read_ahead:
             return
@@ -514,15 +515,16 @@ class Prefetcher:
 
 def _around(data: bytes | memoryview, start: int, end: int) -> list[tuple[int, memoryview]]:
     """The pages of `data` outside the pages of `start:end` (a READ's, locked by the kernel
-    until it is answered), as (offset, view)."""
+    until it is answered), as (offset, view): those after it first, which a reader faulting
+    forward (a value of several pages) needs next."""
     lo = start - start % mmap.PAGESIZE
     hi = min(len(data), -(-end // mmap.PAGESIZE) * mmap.PAGESIZE)
     view = memoryview(data)
     parts = []
-    if lo > 0:
-        parts.append((0, view[:lo]))
     if hi < len(data):
         parts.append((hi, view[hi:]))
+    if lo > 0:
+        parts.append((0, view[:lo]))
     return parts
 
 
@@ -564,7 +566,7 @@ class _Pusher:
     ) -> bool:
         """Queue `parts` (offsets from `base`) of chunk `cid` of `inode`. With `wait`, block
         up to that many seconds for the push; returns whether it was queued (and, with
-        `wait`, done in time). A chunk already pending is not queued again."""
+        `wait`, its first part done in time). A chunk already pending is not queued again."""
         nbytes = sum(len(part) for _, part in parts)
         with self._lock:
             if cid in self._pending or self._bytes + nbytes > REST_QUEUE_BYTES:
@@ -603,6 +605,8 @@ class _Pusher:
             except OSError as exc:  # ENOENT: the kernel has no inode for it yet
                 log.debug("cannot push inode %d into the page cache: %s", job.inode, exc)
                 return
+            if job.done is not None:
+                job.done.set()
         self._pushed[job.cid] = 1
         self._counters[job.counter] += 1
 
