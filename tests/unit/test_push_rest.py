@@ -85,6 +85,17 @@ async def read_page(ops: Operations, inode: int, page: int) -> None:
     assert await ops.read(inode, page * PAGE, PAGE) == DATA[page * PAGE : (page + 1) * PAGE]
 
 
+async def race_block_zero(ops: Operations, pushes: GatedPushes) -> int:
+    """Read the first pages of big.bin's block 0 while its push is held: the reader beats
+    the push RACES_TO_WAIT times, and the file's next pushes are waited for. Returns the
+    file's inode."""
+    inode = await big_inode(ops)
+    pushes.gate.clear()
+    for page in range(pf.RACES_TO_WAIT + 1):
+        await read_page(ops, inode, page)
+    return inode
+
+
 async def settle(prefetcher: Prefetcher) -> None:
     with trio.move_on_after(30):  # a bound for a loaded machine, not a timing
         while not prefetcher.idle:  # noqa: ASYNC110 - the pusher is a plain thread
@@ -134,11 +145,7 @@ def test_a_reader_that_races_the_push_gets_the_next_before_its_reply(
     counters = ops.shared.counters
 
     async def main() -> int:
-        inode = await big_inode(ops)
-        pushes.gate.clear()  # block 0's push stays pending, as a slow one would
-        await read_page(ops, inode, 0)
-        for page in range(1, pf.RACES_TO_WAIT + 1):  # the reader faults the next pages first
-            await read_page(ops, inode, page)
+        inode = await race_block_zero(ops, pushes)
         assert counters[sh.REST_PUSHED] == 0
         pushes.gate.set()
         await settle(prefetcher)
@@ -167,10 +174,7 @@ def test_after_waiting_pushes_one_is_left_to_land_on_its_own_again(
     counters = ops.shared.counters
 
     async def main() -> None:
-        inode = await big_inode(ops)
-        pushes.gate.clear()
-        for page in range(pf.RACES_TO_WAIT + 1):
-            await read_page(ops, inode, page)
+        inode = await race_block_zero(ops, pushes)
         pushes.gate.set()
         await settle(prefetcher)
         # Pages of blocks 2, 8 and 14 in turn (too far apart for read-ahead), never raced.
@@ -192,10 +196,7 @@ def test_a_push_that_blocks_holds_up_a_read_no_longer_than_the_bound(
     counters = ops.shared.counters
 
     async def main() -> None:
-        inode = await big_inode(ops)
-        pushes.gate.clear()
-        for page in range(pf.RACES_TO_WAIT + 1):
-            await read_page(ops, inode, page)
+        inode = await race_block_zero(ops, pushes)
         # Every push now blocks in the kernel: the READ is answered after PUSH_WAIT_S, and
         # the file's pushes are no longer waited for.
         start = time.monotonic()
