@@ -82,7 +82,7 @@ BATCH_BYTES: Final = 1024 * 1024
 # Read-ahead of other nodes' chunks per batch: fetched all at once, so the MPI thread can
 # coalesce them (its messages carry up to 4 MiB).
 REMOTE_BATCH_BYTES: Final = 4 * 1024 * 1024
-# Blocks waiting to be pushed whole into the page cache after a READ used part of them
+# Blocks waiting to be pushed into the page cache after a READ used part of them
 # (`push_rest`, `push_mates`): more are dropped.
 REST_QUEUE_BYTES: Final = 8 * 1024 * 1024
 # A file whose reader comes back to a partly read block before its push has landed

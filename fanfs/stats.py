@@ -55,7 +55,7 @@ ROWS: Final = (
     ("fill_chunks", "background fill: chunks", "n"),
     ("fill_bytes", "background fill: bytes", "b"),
     ("fill_pushed", "background fill: pushed to page cache", "n"),
-    ("rest_pushed", "partly read blocks pushed whole to page cache", "n"),
+    ("rest_pushed", "partly read blocks: the rest pushed to page cache", "n"),
     ("rest_waited", "partly read blocks pushed before replying", "n"),
     ("hint_lists", "hint lists received", "n"),
     ("hint_entries", "hinted files", "n"),
