@@ -1421,6 +1421,101 @@ def test_an_estimates_hot_decode_leaves_out_its_cold_factor() -> None:
     assert est.warm == pytest.approx(0.004)
 
 
+def _per_chunk_case() -> tuple[ClassSample, Measurement]:
+    """50 chunks of 1000 bytes, sampled as 2 units of 5000 bytes that decoded in 1 ms each
+    hot and 2 ms each cold (`cold` 2.0: a penalty of 1 ms a unit)."""
+    cls = ClassSample("c/*.h5", files=50, total_bytes=50_000, chunks=50, units=[b"x" * 5000] * 2)
+    m = Measurement(2, 10_000, 1000, 0.004, 0.1, unit_decode=(0.001, 0.001), cold=2.0)
+    return cls, m
+
+
+def test_the_cold_penalty_is_projected_per_chunk_and_the_hot_decode_per_byte() -> None:
+    """The hot decode scales with the bytes (10 ms for 5x the sample's bytes); the cold
+    penalty is paid by each of the class's 50 chunks (50 ms), not by each 5000 bytes as the
+    sample's units were (5 ms: what projecting it per byte gave)."""
+    from fanfs.optimizer.measurement import _project
+
+    cls, m = _per_chunk_case()
+    prof = _project(cls, [ZSTD3], {(cls.name, ZSTD3): m}, ZSTD3)
+    est = next(e for e in prof.estimates if e.candidate == ZSTD3)
+    assert est.warm == pytest.approx(0.010)
+    assert est.decode_s == pytest.approx(0.060)
+    # A class whose chunk count is not known keeps the projection by bytes.
+    unknown = dataclasses.replace(cls, chunks=0)
+    est = next(
+        e
+        for e in _project(unknown, [ZSTD3], {(cls.name, ZSTD3): m}, ZSTD3).estimates
+        if e.candidate == ZSTD3
+    )
+    assert est.decode_s == pytest.approx(0.020)
+
+
+def test_a_candidate_pays_its_own_decoders_cold_penalty_per_chunk() -> None:
+    """Another zstd level decoding as fast on the same units shares the reference's penalty
+    (1 ms a chunk, measured on more units); lz4, twice as fast hot with a penalty of 0.2 ms
+    a unit, pays its own: 5 ms hot and 10 ms of penalties for the 50 chunks."""
+    from fanfs.optimizer.measurement import _project
+
+    cls, ref_m = _per_chunk_case()
+    level = Measurement(2, 10_000, 900, 0.009, 0.1, unit_decode=(0.001, 0.001), cold=4.5)
+    fast = Measurement(2, 10_000, 1500, 0.0014, 0.1, unit_decode=(0.0005, 0.0005), cold=1.4)
+    totals = {(cls.name, ZSTD3): ref_m, (cls.name, ZSTD19): level, (cls.name, LZ4): fast}
+    prof = _project(cls, [ZSTD3, ZSTD19, LZ4], totals, ZSTD3)
+    got = {str(e.candidate): e for e in prof.estimates}
+    assert got["zstd:19"].decode_s == pytest.approx(0.060)
+    assert got["lz4"].warm == pytest.approx(0.005)
+    assert got["lz4"].decode_s == pytest.approx(0.015)
+
+
+def test_a_solid_class_charges_its_larger_files_their_chunks_cold_penalties() -> None:
+    """A class of tiny files and a few larger ones: 90% of the bytes but 1% of the chunks
+    are small. The larger files pay the estimate's hot decode by their bytes (10% of 20 ms)
+    and its cold penalties (80 ms, mostly the tiny files') by their chunks (1%), not by
+    their bytes (10%: 10 ms of the small files' penalties charged to them)."""
+    from fanfs.optimizer.budgets import SolidFit
+    from fanfs.optimizer.measurement import Estimate
+
+    est = Estimate(ZSTD19, 1000, 0.1, 1.0, 8, 1000, warm_s=0.02)
+    fit = SolidFit(0.0, 0.0, 0.0, 16.0, 0.9, large_chunks=0.01)
+    assert fit.rest_s(est) == pytest.approx(0.002 + 0.0008)
+    assert dataclasses.replace(fit, large_chunks=-1.0).rest_s(est) == pytest.approx(0.01)
+
+
+def test_solid_blocks_pay_their_cold_penalty_per_full_block() -> None:
+    """The sample's four runs of 4 files of 1000 bytes make four blocks of 4000 bytes, each
+    paying a cold penalty of 1 ms; the pack fills its blocks of 16 KiB with the class's
+    small files, so they pay 1 ms a full block (about 11 ms for the class's 186 KB), not
+    1 ms every 4000 bytes as the sample's part-filled blocks did (47 ms)."""
+    from fanfs.optimizer.budgets import _project_solid
+    from fanfs.optimizer.measurement import Estimate
+
+    def measure_fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        raw = sum(len(u) for u in units)
+        stored = sum(len(u) // 2 if len(u) <= 2048 else len(u) // 4 for u in units)
+        hot = raw * 1e-9
+        return Measurement(
+            len(units),
+            raw,
+            stored,
+            hot + 0.001 * len(units),
+            0.0,
+            cold=(hot + 0.001 * len(units)) / hot,
+        )
+
+    units = [b"x" * 1000] * 60 + [b"x" * 65536] * 4  # 4 of 64 units large: 6.25% of chunks
+    cls = ClassSample("src/*.txt", files=1000, total_bytes=1_000_000, chunks=1000, units=units)
+    cls.runs = [[b"x" * 1000] * 4] * 4
+    est = Estimate(ZSTD19, 500_000, 0.5, 0.01, 64, sum(map(len, units)), warm_s=0.1)
+    fit, _ = _project_solid(cls, est, 16384, measure_fn, PlanCost(None))
+    assert fit is not None
+    small_bytes = 1_000_000 * 60_000 / sum(map(len, units))
+    assert fit.blocks_s == pytest.approx(small_bytes * 1e-9 + 0.001 * small_bytes / 16384)
+    assert fit.blocks_warm_s == pytest.approx(small_bytes * 1e-9)
+    assert fit.large_chunks == pytest.approx(4 / 64)
+
+
 def test_a_solid_class_decode_is_projected_in_walk_order_and_file_by_file() -> None:
     """1 MB of 1000-byte files, 16 to a 16 KiB block, decoding at 1 ns a byte: read in walk
     order each block is decoded once (1 ms for the class); read file by file each file
