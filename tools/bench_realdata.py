@@ -764,6 +764,15 @@ def main() -> int:
                 "%d (adjusted, %d)."
                 % (hits, total, big_hits, big, adjusted[0], total, under, total, adjusted[4])
             )
+            # The plan's model against the pack's own objects, without the mount: what the
+            # prediction misses there is the model's (sampling, projection); the rest of
+            # "measured / predicted" is what the mount pays on top.
+            outside = _within(plan, got, "outside:" + n, 1.0)
+            print(
+                "The class's own objects decoded outside the mount: within 25%% of the "
+                "prediction in %d of %d classes, at most 25%% over it in %d."
+                % (outside[0], outside[1], outside[4])
+            )
     if checked and args.epoch:
         print("\n### A shuffled epoch through the mount against the plan\n")
         print(
