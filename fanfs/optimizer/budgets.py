@@ -496,8 +496,8 @@ class SolidFit:
         decode by their share of the bytes (an upper bound: small files cost more per byte)
         and its cold penalties by their share of the chunks. (By bytes, the real dataset's
         Ruby docs, 11,771 files of 0.8 KB and a few larger ones, were projected 0.09 s in
-        solid blocks, of which 0.07 s were the small files' penalties charged to the larger
-        files' bytes; the mount decoded the class in 0.03 s.)"""
+        solid blocks, about 0.07 s of it the larger files' share, mostly the small files'
+        penalties; the mount decoded the class in 0.03 s.)"""
         chunks = 1 - self.small_share if self.large_chunks < 0 else self.large_chunks
         return est.warm * (1 - self.small_share) + (est.decode_s - est.warm) * chunks
 

@@ -1074,9 +1074,14 @@ def project_decode(m: Measurement, total_bytes: float, objects: float) -> tuple[
     0 (not known) the units' own count, scaled by bytes, stands in."""
     if m.raw_bytes <= 0:
         return 0.0, 0.0
-    scale = total_bytes / m.raw_bytes
-    hot = m.decode_s / m.cold * scale
-    return hot + per_object_penalty(m) * (objects or m.units * scale), hot
+    hot = m.decode_s / m.cold * total_bytes / m.raw_bytes
+    return hot + _penalty_s(m, total_bytes, objects), hot
+
+
+def _penalty_s(m: Measurement, total_bytes: float, objects: float) -> float:
+    """`m`'s cold penalty over `objects` objects (`project_decode`; 0: the units' count
+    scaled to `total_bytes`)."""
+    return per_object_penalty(m) * (objects or m.units * total_bytes / max(m.raw_bytes, 1))
 
 
 def _project(
@@ -1127,17 +1132,15 @@ def _project(
                 # The reference's hot decode times the warm ratio, plus a cold penalty per
                 # chunk: the reference's for a candidate of its decoder (measured on more
                 # units), the candidate's own for another, a dictionary's own where measured.
+                same = _same_decoder(cand, ref)
                 warm = ref_warm * rel_decode
-                if not _same_decoder(cand, ref):
+                if not same:
                     warm *= ref_m.cold / m.cold  # (`_paired_decode`'s ratio is cold: warm it)
-                own = m if not _same_decoder(cand, ref) else ref_m
                 penalty = (penalties or {}).get((cls.name, cand.spec.codec_id))
-                if not (cand.use_dict and penalty is not None):
-                    penalty = per_object_penalty(own)
-                    objects = cls.chunks or own.units * cls.total_bytes / own.raw_bytes
+                if cand.use_dict and penalty is not None:
+                    decode_s = warm + penalty * cls.chunks
                 else:
-                    objects = cls.chunks
-                decode_s = warm + penalty * objects
+                    decode_s = warm + _penalty_s(ref_m if same else m, cls.total_bytes, cls.chunks)
                 warm_of[cand] = warm
             # (a relative tolerance: the same decode computed in another order may round
             # below the reference's, and a candidate no faster would escape the rule)
