@@ -377,12 +377,13 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         )
     if smp.get("predicted_pack_s") is not None:
         out.append(
-            "plan cost   %.1f s of measurement (CPU) after the zstd:3 pass (%.1f s), within a "
-            "budget of %.1f s%s; the pack is predicted to take %.1f s on %d jobs, %g%% of it "
-            "%.1f s"
+            "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass, %.1f s of "
+            "measurement (CPU) within a budget of %.1f s%s; the pack is predicted to take "
+            "%.1f s on %d jobs, and %g%% of it (%.1f s) bounds all three"
             % (
-                smp["measure_s"],
+                smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
+                smp["measure_s"],
                 s["time_budget_s"],
                 " set in %d rounds" % smp["rounds"] if smp.get("rounds", 1) > 1 else "",
                 smp["predicted_pack_s"],

@@ -180,7 +180,12 @@ MeasureFn = Callable[[str, Candidate, Sequence[bytes], "bytes | None"], Measurem
 
 
 def measure(
-    class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    class_name: str,
+    cand: Candidate,
+    units: Sequence[bytes],
+    dictionary: bytes | None,
+    *,
+    cold: bool = True,
 ) -> Measurement:
     """Measure `cand` on `units` on this host, one thread (what one serving process decodes).
 
@@ -191,7 +196,9 @@ def measure(
     DECODE_PASSES passes over the units, plus `cold_penalty` for each unit (a mount decodes
     with cold caches). Compression is timed in CPU time too: a pack compresses on every
     core, so its wall time is about the CPU time over the jobs, and the machine's other work
-    does not inflate the estimate.
+    does not inflate the estimate. Without `cold` the cold-cache decodes are skipped and
+    `Measurement.cold` is 1 (where the projection takes the penalty from elsewhere:
+    `_profiling`).
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
@@ -212,7 +219,7 @@ def measure(
     decode_s, per_unit, beside, beside_s = _timed_decode(objects, dic, ref_objects)
     overhead_s += beside_s
     factor = 1.0
-    if objects and decode_s > 0:
+    if cold and objects and decode_s > 0:
         picks = range(0, len(objects), max(1, len(objects) // COLD_UNITS))[:COLD_UNITS]
         start = time.thread_time()
         penalty = cold_penalty([objects[i] for i in picks], [per_unit[i] for i in picks], dic)
@@ -232,6 +239,25 @@ def measure(
         factor,
         beside,
     )
+
+
+def _profiling(measure_fn: MeasureFn, ref: Candidate | None) -> MeasureFn:
+    """`measure_fn` as profiling calls it: `measure` times a candidate's decode with cold
+    caches only where `_project` uses it. A candidate of the reference's decoder takes the
+    reference's cold penalty and a dictionary candidate its own (`dictionary_penalty`), so
+    their cold decodes were spent for nothing: on the real dataset those decodes (each a
+    4 MiB eviction before each of 16 units, three times) took 28 s of a plan's 64 s of
+    measurement, a third of it on such candidates."""
+    if measure_fn is not measure:
+        return measure_fn
+
+    def measuring(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        cold = cand == ref or not (cand.use_dict or _same_decoder(cand, ref))
+        return measure(class_name, cand, units, dictionary, cold=cold)
+
+    return measuring
 
 
 Objects = Sequence[tuple[int, bytes, int]]  # per unit: (codec id, stored bytes, decoded size)
@@ -461,6 +487,7 @@ class PlanCost:
     budget_s: float | None
     measure_s: float = 0.0  # after the reference pass: what the budget bounds
     reference_s: float = 0.0  # the reference pass
+    sample_s: float = 0.0  # reading the sample (wall seconds, as the reader timed them)
     predicted_pack_s: float | None = None
     rounds: int = 1  # calls of `profile` that measured (the budget's rounds: `_budget_rounds`)
     # every (class, candidate) measurement so far: a later `profile` call resumes from them
@@ -507,6 +534,7 @@ def profile(
     seconds from an earlier call are resumed from and count against the budget.
     """
     ref = reference_of(candidates)
+    measuring = _profiling(measure_fn, ref)
     known = spent_out.totals if spent_out is not None else {}
     penalties = spent_out.penalties if spent_out is not None else {}
     raw = spent_out.raw if spent_out is not None else {}
@@ -523,6 +551,8 @@ def profile(
                 totals[(cls.name, ref)] = m
                 ref_compress_s += m.compress_s * cls.total_bytes / max(m.raw_bytes, 1)
                 ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
+    if spent_out is not None:  # (before the budget: a share of the pack counts it, `budgets`)
+        spent_out.reference_s += ref_spent
     # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
     # ratio decides: the densest candidates a class can afford are measured first (with a
     # dictionary first for classes that have one). Under a tight budget, the fastest.
@@ -557,7 +587,7 @@ def profile(
             ),
         )
     for cls, share in zip(classes, shares, strict=True):
-        class_spent = _train_dictionary(cls, candidates, measure_fn, share) if share > 0 else 0.0
+        class_spent = _train_dictionary(cls, candidates, measuring, share) if share > 0 else 0.0
         pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
         for cand in order:
             if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
@@ -582,7 +612,7 @@ def profile(
                 # are not measured on this class.
                 log.debug("%s: %s not profiled (time budget)", cls.name, cand)
                 continue
-            m = measure_fn(cls.name, cand, pilot, cls.dictionary)
+            m = measuring(cls.name, cand, pilot, cls.dictionary)
             seen.setdefault(cand, []).append(measurement_cost(m) / max(m.raw_bytes, 1))
             class_spent += measurement_cost(m)
             pairs.append((cand, units, m))
@@ -602,7 +632,7 @@ def profile(
                 per_byte, per_chunk, took = raw_serving(cls)
                 raw[cls.name] = (per_byte, per_chunk)
                 class_spent += took
-        extended = _extend(cls, pairs, share - class_spent, measure_fn)
+        extended = _extend(cls, pairs, share - class_spent, measuring)
         for cand, m in extended:
             totals[(cls.name, cand)] = m
         spent += class_spent + sum(
@@ -612,7 +642,6 @@ def profile(
     if spent_out is not None:
         spent_out.budget_s = budget
         spent_out.measure_s += spent
-        spent_out.reference_s += ref_spent
         spent_out.totals = totals
         spent_out.penalties = penalties
         spent_out.raw = raw
@@ -770,6 +799,7 @@ def confirm(
     measurements join `cost.totals` and count in `cost.measure_s`; returns the seconds
     spent (0: nothing to confirm, or no room)."""
     ref = reference_of(candidates)
+    measuring = _profiling(measure_fn, ref)
     spent = 0.0
     # First every choice on CONFIRM_UNITS (what decides a size win), then more units where
     # the decode estimate needs them, with the seconds left.
@@ -799,7 +829,7 @@ def confirm(
                 want -= 1
             if m.units >= want or want < least:
                 continue
-            more = measure_fn(cls.name, cand, units[m.units : want], cls.dictionary)
+            more = measuring(cls.name, cand, units[m.units : want], cls.dictionary)
             cost.totals[(cls.name, cand)] = m + more
             spent += measurement_cost(more)
             log.debug("%s: %s confirmed on %d units", cls.name, cand, want)
@@ -1127,21 +1157,25 @@ def _project(
             rel, wins = _paired(cand, m, ref_m)
             if not math.isnan(rel):
                 stored = ref_m.stored_bytes * cls.total_bytes / ref_m.raw_bytes * rel
+            # The reference's hot decode times the warm ratio (without one, the candidate's
+            # own hot decode), plus a cold penalty per chunk: the reference's for a
+            # candidate of its decoder (measured on more units; profiling does not time
+            # such a candidate cold, `_profiling`), the candidate's own for another, a
+            # dictionary's own where measured.
+            same = _same_decoder(cand, ref)
             rel_decode = _paired_decode(cand, m, ref, ref_m)
             if not math.isnan(rel_decode):
-                # The reference's hot decode times the warm ratio, plus a cold penalty per
-                # chunk: the reference's for a candidate of its decoder (measured on more
-                # units), the candidate's own for another, a dictionary's own where measured.
-                same = _same_decoder(cand, ref)
-                warm = ref_warm * rel_decode
+                warm_of[cand] = ref_warm * rel_decode
                 if not same:
-                    warm *= ref_m.cold / m.cold  # (`_paired_decode`'s ratio is cold: warm it)
-                penalty = (penalties or {}).get((cls.name, cand.spec.codec_id))
-                if cand.use_dict and penalty is not None:
-                    decode_s = warm + penalty * cls.chunks
-                else:
-                    decode_s = warm + _penalty_s(ref_m if same else m, cls.total_bytes, cls.chunks)
-                warm_of[cand] = warm
+                    # (`_paired_decode`'s ratio is cold: warm it)
+                    warm_of[cand] *= ref_m.cold / m.cold
+            penalty = (penalties or {}).get((cls.name, cand.spec.codec_id))
+            if cand.use_dict and penalty is not None:
+                decode_s = warm_of[cand] + penalty * cls.chunks
+            else:
+                decode_s = warm_of[cand] + _penalty_s(
+                    ref_m if same else m, cls.total_bytes, cls.chunks
+                )
             # (a relative tolerance: the same decode computed in another order may round
             # below the reference's, and a candidate no faster would escape the rule)
             loses = not wins and decode_s >= ref_decode * (1 - 1e-9)

@@ -44,6 +44,7 @@ from fanfs.optimizer import (
     parse_candidates,
     plan_record,
     profile,
+    read_unit,
     select,
     solve_mckp,
 )
@@ -433,6 +434,53 @@ def test_cold_penalty_is_added_per_unit_not_multiplied(monkeypatch: pytest.Monke
     assert m.decode_s / m.cold >= hot * (1 - 1e-9)  # (equal when one pass was fastest on all)
 
 
+def test_profiling_times_cold_only_the_candidates_whose_own_penalty_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A zstd level takes the reference's cold penalty and a dictionary candidate its
+    # dictionary's (`_project`): profiling does not time them cold. The reference and
+    # another decoder (lz4) are; an injected measuring function is called as it is.
+    import fanfs.optimizer.measurement as optimizer
+
+    calls: list[int] = []
+
+    def penalty(objects: Sequence[object], warm: Sequence[float], dic: bytes | None) -> float:
+        calls.append(len(objects))
+        return 1e-3
+
+    monkeypatch.setattr(optimizer, "cold_penalty", penalty)
+    units = [b"row %d of a table\n" % i * 200 for i in range(4)]
+    measuring = optimizer._profiling(measure, REFERENCE)
+    zstd9d = Candidate(parse_codec("zstd:9"), use_dict=True)
+    for cand, timed in [(REFERENCE, True), (LZ4, True), (ZSTD19, False), (zstd9d, False)]:
+        calls.clear()
+        m = measuring("c", cand, units, b"row 1 of a table\n" * 64)
+        assert bool(calls) == timed, cand
+        assert (m.cold > 1.0) == timed, cand
+        assert m.decode_s == pytest.approx(m.decode_s / m.cold + (4e-3 if timed else 0.0))
+    assert optimizer._profiling(_fake_measure, REFERENCE) is _fake_measure
+
+
+def test_a_level_measured_without_its_cold_decodes_takes_the_references_penalty() -> None:
+    # The projection of a zstd level measured hot only (`Measurement.cold` 1) still pays the
+    # reference's penalty per chunk, paired or not.
+    import fanfs.optimizer.measurement as optimizer
+
+    units = [bytes([i]) * 65536 for i in range(8)]
+    cls = ClassSample("c/*.txt", files=100, total_bytes=100 * 65536, chunks=100, units=units)
+    warm = tuple(1e-4 for _ in units)
+    ref_m = Measurement(8, 8 * 65536, 8 * 20000, 16e-4, 0.0, 0.0, (20000,) * 8, warm, 2.0)
+    hot = Measurement(8, 8 * 65536, 8 * 15000, 8e-4, 0.0, 0.0, (15000,) * 8, warm)
+    unpaired = dataclasses.replace(hot, unit_decode=())
+    for m in (hot, unpaired):
+        totals = {(cls.name, REFERENCE): ref_m, (cls.name, ZSTD19): m}
+        prof = optimizer._project(cls, [NONE, REFERENCE, ZSTD19], totals, REFERENCE)
+        by = {str(e.candidate): e for e in prof.estimates}
+        # warm 1e-4 a chunk, and the reference's penalty of 1e-4 a chunk
+        assert by["zstd:19"].decode_s == pytest.approx(100 * 2e-4)
+        assert by["zstd:19"].warm == pytest.approx(100 * 1e-4)
+
+
 def test_cold_penalty_on_real_data() -> None:
     from fanfs.compression import compress_object
     from fanfs.optimizer import cold_penalty
@@ -729,6 +777,14 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _nominal_read(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
+    """`read_unit` with the given read model's seconds, not the clock's: the sample's reading
+    counts against a share of the pack (`budgets._measuring_budget`), and a plan with
+    injected measurements stays exactly reproducible."""
+    data, _ = read_unit(path, offset, length)
+    return data, 1e-4 + len(data) / 1e9
+
+
 def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     from fanfs.pack import walk_tree
 
@@ -736,7 +792,13 @@ def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     settings = PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw
     )  # type: ignore[arg-type]
-    plan = make_plan(walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=_fake_measure)
+    plan = make_plan(
+        walk_tree(str(root)),
+        settings,
+        chunk_size=64 * 1024,
+        measure_fn=_fake_measure,
+        reader=_nominal_read,
+    )
     record = plan_record(plan)
     del record["sample"]["seconds"]  # wall time of the run
     return record
@@ -1127,7 +1189,8 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
 ) -> None:
     # The pack that the selection predicts compresses far slower than the first guess: the
     # budget grows a round at a time (by ROUND_GROWTH at most) until it covers plan_share of
-    # the latest prediction, and never beyond it.
+    # the latest prediction (less what the plan spent before measuring: the sample's reads
+    # and the reference pass), and never beyond it.
     from fanfs.optimizer.budgets import MAX_ROUNDS, ROUND_SLACK
     from fanfs.pack import walk_tree
 
@@ -1139,20 +1202,60 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
         mode="prefetch",
         target_files_per_s=10.0,
     )
-    plan = make_plan(walk_tree(str(tree)), settings, chunk_size=64 * 1024, measure_fn=_slow_measure)
+    plan = make_plan(
+        walk_tree(str(tree)),
+        settings,
+        chunk_size=64 * 1024,
+        measure_fn=_slow_measure,
+        reader=_nominal_read,
+    )
     sample = plan_record(plan)["sample"]
     budget, predicted = plan.cost.budget_s, plan.cost.predicted_pack_s
     assert budget is not None and predicted is not None
     assert 2 <= sample["rounds"] < MAX_ROUNDS
-    assert 0.25 * predicted / ROUND_SLACK <= budget <= 0.25 * predicted
+    floor = plan.cost.sample_s + plan.cost.reference_s
+    assert floor > 0 and sample["sample_read_s"] > 0
+    # (the last round may leave it above: its selection predicted a faster pack than the
+    # round before, and what was spent is not given back)
+    assert (0.25 * predicted - floor) / ROUND_SLACK <= budget <= 0.25 * predicted
     # With the one round of before, the budget was 25% of the first selection's prediction.
     one = make_plan(
         walk_tree(str(tree)),
         dataclasses.replace(settings, time_budget_s=budget),
         chunk_size=64 * 1024,
         measure_fn=_slow_measure,
+        reader=_nominal_read,
     )
     assert one.cost.rounds == 1
+
+
+def test_the_plan_share_counts_the_samples_reading_and_the_reference_pass(tree: Path) -> None:
+    # plan_share bounds the whole plan: a sample that took longer to read leaves that much
+    # less for measuring (the same dataset, the same predicted pack, one round each).
+    from fanfs.pack import walk_tree
+
+    def slow_read(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
+        data, seconds = _nominal_read(path, offset, length)
+        return data, seconds + 1e-3
+
+    settings = PlanSettings(
+        read_model=ReadModel(1e-4, 1e9, "given"), seed=1, sample_bytes=1 << 20, time_budget_s=None
+    )
+    costs = []
+    for reader in (_nominal_read, slow_read):
+        plan = make_plan(
+            walk_tree(str(tree)),
+            settings,
+            chunk_size=64 * 1024,
+            measure_fn=_fake_measure,
+            reader=reader,
+        )
+        assert plan.cost.rounds == 1 and plan.cost.budget_s is not None
+        costs.append(plan.cost)
+    fast, slow = costs
+    assert slow.sample_s - fast.sample_s > 0.1  # a millisecond more for each of the reads
+    assert fast.reference_s == slow.reference_s > 0
+    assert fast.budget_s - slow.budget_s == pytest.approx(slow.sample_s - fast.sample_s)
 
 
 @pytest.mark.parametrize("thin", [False, True])
@@ -1229,8 +1332,9 @@ def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: P
     )
     dense = cost_rank(ZSTD19) * NOMINAL_S_PER_BYTE * compressible
     # The first round's budget: what the rounds start from (this fake compresses faster than
-    # the guess, so no round follows).
-    assert balanced["settings"]["time_budget_s"] >= 0.25 * dense
+    # the guess, so no round follows), less the sample's reads and the reference pass.
+    floor = balanced["sample"]["sample_read_s"] + balanced["sample"]["reference_s"]
+    assert balanced["settings"]["time_budget_s"] >= 0.25 * dense - floor
     assert tight["settings"]["time_budget_s"] < 0.25 * dense / 10
 
 
