@@ -2040,6 +2040,72 @@ def test_the_seconds_for_more_units_go_first_to_the_least_certain_decode() -> No
         assert cost.totals[(big.name, ZSTD19)].units == 8
 
 
+def test_a_choice_that_selecting_again_brings_is_confirmed_before_the_decode_estimates() -> None:
+    """Two small classes, each with a costly candidate lucky on its first block, and room in
+    the decode budget for one of them: zstd:19 on `.mo` is chosen, confirmed, and dropped;
+    selecting again picks brotli:11 on `.po`, which the next round confirms and drops too.
+    The decode estimates of the `.so` class get what is left after. Done both at once, the
+    decode estimates took those seconds and brotli:11 stayed chosen on one block (on the
+    real dataset: the PAM images with zstd:15, the HTML with brotli:11)."""
+    from fanfs.optimizer.budgets import _confirm_rounds
+
+    brotli11 = Candidate(parse_codec("brotli:11"))
+    so, so_fn = _timed_units([1e-4, 2e-3] * 20, "c/*.so")  # zstd:19 decodes unevenly
+    units = so.units[:4]
+    mo = ClassSample("c/*.mo", files=4, total_bytes=4 << 16, units=units)
+    po = ClassSample("c/*.po", files=4, total_bytes=4 << 16, units=units)
+    # stored bytes by class and candidate: the first block's and the others'
+    lucky = {mo.name: {ZSTD19: 21000}, po.name: {brotli11: 24000}}
+
+    def fn(name: str, cand: Candidate, part: Sequence[bytes], dic: bytes | None) -> Measurement:
+        if name == so.name:
+            m = so_fn(name, cand, part, dic)
+            if cand == REFERENCE:  # a third larger than zstd:19, every block decoded alike
+                m = dataclasses.replace(
+                    m,
+                    stored_bytes=m.stored_bytes * 4 // 3,
+                    unit_stored=tuple(n * 4 // 3 for n in m.unit_stored),
+                    decode_s=1e-4 * m.units,
+                    unit_decode=(1e-4,) * m.units,
+                )
+            return m
+        first = lucky[name].get(cand)
+        sizes = tuple(30000 if first is None else first if u is units[0] else 33000 for u in part)
+        raw = len(part) << 16
+        slow = cand != REFERENCE  # ten times zstd:3's decode; compress 1e-5 s a byte
+        return Measurement(
+            len(part), raw, sum(sizes), raw * (1e-8 if slow else 1e-9), raw * 1e-5, 0.0, sizes
+        )
+
+    cands = [NONE, REFERENCE, ZSTD19, brotli11]
+    cost = PlanCost(0.0)
+    cost.totals = {
+        (so.name, REFERENCE): fn(so.name, REFERENCE, so.units, None),
+        (so.name, ZSTD19): fn(so.name, ZSTD19, so.units[:8], None),
+    }
+    for cls, cand in ((mo, ZSTD19), (po, brotli11)):
+        cost.totals[(cls.name, REFERENCE)] = fn(cls.name, REFERENCE, units, None)
+        cost.totals[(cls.name, cand)] = fn(cls.name, cand, units[:1], None)
+    classes = [so, mo, po]
+
+    def reselect() -> tuple[list[ClassProfile], Any, None]:
+        profiles = profile(classes, cands, time_budget_s=0.0, measure_fn=fn, spent_out=cost)
+        # room for `.so`'s zstd:19 (42 ms) and one small class's slow candidate (2.6 ms)
+        return profiles, select(profiles, Objective("prefetch", 0.046)), None
+
+    first = reselect()
+    assert [str(e.candidate) for e in first[1].choices] == ["zstd:19", "zstd:19", "zstd:3"]
+    # 3 more blocks of each costly candidate on a small class (about 2 s each), 1 s left
+    seconds = 5.0
+    _, sel, _ = _confirm_rounds(classes, cands, cost, fn, seconds, first, reselect)
+    assert cost.totals[(mo.name, ZSTD19)].units == 4
+    assert cost.totals[(po.name, brotli11)].units == 4
+    assert [str(e.candidate) for e in sel.choices] == ["zstd:19", "zstd:3", "zstd:3"]
+    # the decode estimates after, with half of what was left
+    assert 8 < cost.totals[(so.name, ZSTD19)].units < CONFIRM_MAX_UNITS
+    assert cost.measure_s <= seconds
+
+
 def test_confirming_more_units_stops_where_its_seconds_end() -> None:
     cls, fn = _timed_units([1e-4, 2e-3] * 20)
     cands = [NONE, REFERENCE, ZSTD19]
