@@ -387,9 +387,10 @@ def _confirm_rounds(
     CONFIRM_UNITS units first, round after round while selecting again brings new ones;
     then once the decode estimates, with DECODE_CONFIRM_PART of the seconds left, so that
     the choices that brings are confirmed too. Confirming both in each round, the decode
-    estimates took the seconds of the rounds after: on the real dataset the balanced plan
-    stored the PAM images with zstd:15 and the HTML with brotli:11, chosen on one unit each.
-    Returns the last selection (`selected` if nothing was measured)."""
+    estimates could take the seconds of the rounds after: plans of the real dataset kept
+    1-5 classes chosen on 1-3 units (the HTML with brotli:11 on one, the PAM images with
+    zstd:15 on one or two). Returns the last selection (`selected` if nothing was
+    measured)."""
     decode_confirmed = False
     for _ in range(CONFIRM_ROUNDS):
         chosen = [e.candidate for e in selected[1].choices]
