@@ -10,7 +10,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from fanfs.optimizer import (
     MeasureFn,
     Measurement,
     Objective,
+    Plan,
     PlanCost,
     PlanSettings,
     ReadModel,
@@ -785,21 +786,26 @@ def _nominal_read(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
     return data, 1e-4 + len(data) / 1e9
 
 
-def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
+def _make_plan(
+    root: Path,
+    settings: PlanSettings,
+    measure_fn: MeasureFn = _fake_measure,
+    reader: Callable[[bytes, int, int], tuple[bytes, float]] = _nominal_read,
+) -> Plan:
+    """`make_plan` of the tree at `root` in 64 KiB chunks, with injected measurements."""
     from fanfs.pack import walk_tree
 
+    return make_plan(
+        walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=measure_fn, reader=reader
+    )
+
+
+def _plan(root: Path, seed: int, **kw: object) -> dict[str, object]:
     kw.setdefault("time_budget_s", 60.0)
     settings = PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"), seed=seed, sample_bytes=1 << 20, **kw
     )  # type: ignore[arg-type]
-    plan = make_plan(
-        walk_tree(str(root)),
-        settings,
-        chunk_size=64 * 1024,
-        measure_fn=_fake_measure,
-        reader=_nominal_read,
-    )
-    record = plan_record(plan)
+    record = plan_record(_make_plan(root, settings))
     del record["sample"]["seconds"]  # wall time of the run
     return record
 
@@ -1192,7 +1198,6 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     # the latest prediction (less what the plan spent before measuring: the sample's reads
     # and the reference pass), and never beyond it.
     from fanfs.optimizer.budgets import MAX_ROUNDS, ROUND_SLACK
-    from fanfs.pack import walk_tree
 
     settings = PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"),
@@ -1202,13 +1207,7 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
         mode="prefetch",
         target_files_per_s=10.0,
     )
-    plan = make_plan(
-        walk_tree(str(tree)),
-        settings,
-        chunk_size=64 * 1024,
-        measure_fn=_slow_measure,
-        reader=_nominal_read,
-    )
+    plan = _make_plan(tree, settings, _slow_measure)
     sample = plan_record(plan)["sample"]
     budget, predicted = plan.cost.budget_s, plan.cost.predicted_pack_s
     assert budget is not None and predicted is not None
@@ -1219,20 +1218,13 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     # round before, and what was spent is not given back)
     assert (0.25 * predicted - floor) / ROUND_SLACK <= budget <= 0.25 * predicted
     # With the one round of before, the budget was 25% of the first selection's prediction.
-    one = make_plan(
-        walk_tree(str(tree)),
-        dataclasses.replace(settings, time_budget_s=budget),
-        chunk_size=64 * 1024,
-        measure_fn=_slow_measure,
-        reader=_nominal_read,
-    )
+    one = _make_plan(tree, dataclasses.replace(settings, time_budget_s=budget), _slow_measure)
     assert one.cost.rounds == 1
 
 
 def test_the_plan_share_counts_the_samples_reading_and_the_reference_pass(tree: Path) -> None:
     # plan_share bounds the whole plan: a sample that took longer to read leaves that much
     # less for measuring (the same dataset, the same predicted pack, one round each).
-    from fanfs.pack import walk_tree
 
     def slow_read(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
         data, seconds = _nominal_read(path, offset, length)
@@ -1243,13 +1235,7 @@ def test_the_plan_share_counts_the_samples_reading_and_the_reference_pass(tree: 
     )
     costs = []
     for reader in (_nominal_read, slow_read):
-        plan = make_plan(
-            walk_tree(str(tree)),
-            settings,
-            chunk_size=64 * 1024,
-            measure_fn=_fake_measure,
-            reader=reader,
-        )
+        plan = _make_plan(tree, settings, reader=reader)
         assert plan.cost.rounds == 1 and plan.cost.budget_s is not None
         costs.append(plan.cost)
     fast, slow = costs
