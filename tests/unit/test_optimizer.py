@@ -460,6 +460,8 @@ def test_profiling_times_cold_only_the_candidates_whose_own_penalty_is_used(
         assert (m.cold > 1.0) == timed, cand
         assert m.decode_s == pytest.approx(m.decode_s / m.cold + (4e-3 if timed else 0.0))
     assert optimizer._profiling(_fake_measure, REFERENCE) is _fake_measure
+    # without a reference (dictionary candidates alone) nothing else carries a penalty
+    assert optimizer._profiling(measure, None) is measure
 
 
 def test_a_level_measured_without_its_cold_decodes_takes_the_references_penalty() -> None:
