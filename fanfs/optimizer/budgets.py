@@ -362,10 +362,11 @@ def _measuring_budget(
     settings: PlanSettings, cost: PlanCost, predicted_pack_s: float, codecs_share: float
 ) -> float:
     """The codecs' measuring budget under plan_share of a pack predicted to take
-    `predicted_pack_s`. The share bounds the whole plan, so what it spent before measuring
-    (reading the sample, the reference pass) is taken off first: outside the budget, they
+    `predicted_pack_s`. The share bounds the plan, so what it spent before measuring
+    (reading the sample, the reference pass) is taken off first. Outside the budget, those
     and the selections were 4-13 s of the real dataset's plans of 47-85 s, which took 25-29%
-    of the pack time in four runs of five."""
+    of the pack time in four runs of five; the selections (0.3-1 s each with solid options)
+    still are, to keep plans of injected measurements exactly reproducible."""
     floor = cost.sample_s + cost.reference_s
     return max(settings.plan_share * predicted_pack_s - floor, 0.0) * codecs_share
 

@@ -485,7 +485,8 @@ class PlanCost:
     `predicted_pack_s` when the budget is a share of the predicted pack time."""
 
     budget_s: float | None
-    measure_s: float = 0.0  # after the reference pass: what the budget bounds
+    measure_s: float = 0.0  # after the reference pass (with plan_share, the budget bounds
+    # it with `reference_s` and `sample_s`: `budgets._measuring_budget`)
     reference_s: float = 0.0  # the reference pass
     sample_s: float = 0.0  # reading the sample (wall seconds, as the reader timed them)
     predicted_pack_s: float | None = None
