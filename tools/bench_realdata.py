@@ -352,8 +352,8 @@ def reference_pass_s(tree: Path, plan: dict[str, Any]) -> float:
     when the pack was planned, so the two tell how much slower or faster this shared host
     runs now than then."""
     sys.path.insert(0, str(REPO))
-    from fanfs.optimizer import REFERENCE, measure, sample_classes
-    from fanfs.optimizer.measurement import measurement_cost
+    from fanfs.optimizer import REFERENCE, sample_classes
+    from fanfs.optimizer.measurement import measure_reference, measurement_cost
     from fanfs.pack import effective_block_size
     from fanfs.walk import sample_tree
 
@@ -367,11 +367,8 @@ def reference_pass_s(tree: Path, plan: dict[str, Any]) -> float:
         sample_bytes=settings["sample_bytes_budget"],
         seed=settings["seed"],
     )
-    return sum(
-        measurement_cost(measure(c.name, REFERENCE, c.measure_units, None))
-        for c in classes
-        if c.units
-    )
+    swept = measure_reference([c for c in classes if c.units], REFERENCE)
+    return sum(measurement_cost(m) for m in swept.values())
 
 
 Blocks = list[tuple[int, bytes, int, bytes | None]]

@@ -464,6 +464,60 @@ def test_profiling_times_cold_only_the_candidates_whose_own_penalty_is_used(
     assert optimizer._profiling(measure, None) is measure
 
 
+def test_the_reference_is_timed_in_sweeps_over_the_classes_and_takes_each_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This host's speed moves from one moment to the next (a class's fastest of three
+    # back-to-back passes 0.0034-0.0182 s over 40 moments): the reference, every class's
+    # anchor, is timed in sweeps over all classes, so a class's timings are apart, and a
+    # moment that slowed one of them (or sped it) does not set the class's projection.
+    import fanfs.optimizer.measurement as optimizer
+
+    a = ClassSample("a/*.txt", files=8, total_bytes=8 * 4096, chunks=8)
+    a.units = [b"line %d of a\n" % i * 300 for i in range(4)]
+    b = ClassSample("b/*.txt", files=8, total_bytes=8 * 4096, chunks=8)
+    b.units = [b"line %d of b\n" % i * 300 for i in range(2)]
+    # per class, per sweep: (hot seconds of the pass, cold penalty per unit)
+    script = {
+        "a": iter([(0.030, 4e-3), (0.010, 1e-3), (0.011, 2e-3)]),  # a slow first moment
+        "b": iter([(0.020, 1e-3), (0.021, 1e-3), (0.005, 9e-3)]),  # a fast last one
+    }
+    order: list[str] = []
+
+    def timing(objects: Any, dic: Any, beside: Any, *, cold: bool) -> Any:
+        name = "a" if len(objects) == 4 else "b"  # (a has 4 units, b 2)
+        order.append(name)
+        hot, penalty = next(script[name])
+        per_unit = tuple(hot / len(objects) for _ in objects)
+        return optimizer._Timing(hot, per_unit, (), penalty if cold else 0.0, 0.0)
+
+    monkeypatch.setattr(optimizer, "_time_objects", timing)
+    got = optimizer.measure_reference([a, b], REFERENCE)
+    assert order == ["a", "b"] * optimizer.REFERENCE_SWEEPS
+    ma, mb = got["a/*.txt"], got["b/*.txt"]
+    assert ma.decode_s == pytest.approx(0.011 + 4 * 2e-3)
+    assert ma.decode_s / ma.cold == pytest.approx(0.011)
+    assert ma.unit_decode == pytest.approx((0.011 / 4,) * 4)
+    assert mb.decode_s == pytest.approx(0.020 + 2 * 1e-3)
+    # sizes as `measure` stores them (compression does not depend on the moment)
+    monkeypatch.undo()
+    alone = optimizer.measure("a/*.txt", REFERENCE, a.units, None)
+    assert ma.unit_stored == alone.unit_stored
+    # profiling measures the reference so (an injected measuring function is called as it is)
+    swept: list[list[str]] = []
+
+    def spy(classes: Sequence[ClassSample], ref: Candidate) -> dict[str, Measurement]:
+        swept.append([c.name for c in classes])
+        return {c.name: alone for c in classes}
+
+    monkeypatch.setattr(optimizer, "measure_reference", spy)
+    optimizer.profile([a, b], [REFERENCE], time_budget_s=0.0)
+    assert swept == [["a/*.txt", "b/*.txt"]]
+    swept.clear()
+    optimizer.profile([a, b], [REFERENCE], time_budget_s=0.0, measure_fn=_fake_measure)
+    assert swept == []
+
+
 def test_a_level_measured_without_its_cold_decodes_takes_the_references_penalty() -> None:
     # The projection of a zstd level measured hot only (`Measurement.cold` 1) still pays the
     # reference's penalty per chunk, paired or not.
