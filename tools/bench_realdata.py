@@ -19,7 +19,10 @@ the mount against the plan's prediction: one reader reads each class in walk ord
 mount (read-ahead on, no object cache, the page cache dropped per file) once it has served one
 file of every other class, and the daemon's own decode time for the class (`decode_ns`: verify
 and decode) is taken, median of `--passes` mounts; the count of classes within 25% of their
-prediction, and of those at most 25% over it, follow the table. With
+prediction, and of those at most 25% over it, follow the table; when the default system is
+built too, each class is also read from the default (zstd:3) pack in turn in each pass, and
+its decode over the default's compared with the plan's ratio to its zstd:3 estimate, which
+the host's drift and the mount's own costs leave alone. With
 `--epoch`, each of those packs is also read whole once in a shuffled order across all classes
 (read-ahead off, then on), as a training epoch reads it, against the plan's epoch; and when
 the default system is built too, against the default pack's own epochs (`--epoch-repeats`
@@ -576,6 +579,52 @@ def _within(
     return hits, total, big_hits, big, under
 
 
+def against_default_per_class(
+    plan: dict[str, Any], got: dict[str, dict[str, float]], name: str
+) -> None:
+    """Each class's decode through the mount over the default (zstd:3) pack's decode of the
+    same files, read in turn on fresh mounts in each pass (`decode_through_mount`), against
+    the plan's own ratio: its prediction for the class over its zstd:3 estimate (the
+    reference the balanced budget is made of). The host's speed, which drifts by a quarter
+    between the plan and the reading, and the mount's own cost per request cancel out of
+    both ratios; what is left is the model's claim that one codec decodes so much faster or
+    slower than zstd:3 on this class."""
+    print("\n### %s: decode per class against the default pack's, through the mount\n" % name)
+    print(
+        "Each class read on fresh mounts of both packs in turn (medians of the passes); "
+        "predicted: the plan's decode for the class over its zstd:3 estimate.\n"
+    )
+    print("| class | codec | predicted / zstd:3 | measured / default | measured / predicted |")
+    print("|---|---|---|---|---|")
+    hits = under = total = 0
+    for row in plan["classes"]:
+        ref = [
+            c["decode_s"] for c in row["candidates"] if c["codec"] == "zstd:3" and not c["solid"]
+        ]
+        if not row["decode_s"] or row["class"] not in got or not ref or not ref[0]:
+            continue
+        mine, default = got[row["class"]][name], got[row["class"]]["default"]
+        if default <= 0:
+            continue
+        p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"]) / ref[0]
+        ratio = mine / default / p
+        hits, under, total = hits + (0.75 <= ratio <= 1.25), under + (ratio <= 1.25), total + 1
+        print(
+            "| %s | %s | %.2f | %.2f | %.2f |"
+            % (
+                row["class"],
+                row["codec"] + ("+solid" if row.get("solid") else ""),
+                p,
+                mine / default,
+                ratio,
+            )
+        )
+    print(
+        "\nAgainst the default pack: within 25%% of the predicted ratio in %d of %d classes, "
+        "at most 25%% over it in %d." % (hits, total, under)
+    )
+
+
 def predicted_epoch(plan: dict[str, Any], order: str) -> float:
     """The plan's decode seconds for an epoch: every class's, a solid class's as read in
     `order` ("random": each member decodes its block; "walk": each block once)."""
@@ -693,7 +742,10 @@ def main() -> int:
             log("per-class decode through the mount: %s", n)
             plan = results[n]["inspect"]["plan"]
             before = reference_pass_s(tree, plan)
-            got = decode_through_mount({n: packs[n]}, tree, plan, work, args.passes)
+            # Beside the default (zstd:3) pack, read in turn in each pass: the host's drift
+            # moves both alike (`against_default_per_class`).
+            beside = {"default": Path(results["default"]["path"])} if "default" in results else {}
+            got = decode_through_mount({n: packs[n], **beside}, tree, plan, work, args.passes)
             now = (before + reference_pass_s(tree, plan)) / 2
             then = plan["sample"]["reference_s"]
             # Measured x then / now: the decode as the host ran when the plan measured.
@@ -770,6 +822,8 @@ def main() -> int:
                 "prediction in %d of %d classes, at most 25%% over it in %d."
                 % (outside[0], outside[1], outside[4])
             )
+            if beside:
+                against_default_per_class(plan, got, n)
     if checked and args.epoch:
         print("\n### A shuffled epoch through the mount against the plan\n")
         print(
