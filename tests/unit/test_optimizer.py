@@ -555,7 +555,9 @@ def test_a_dictionary_candidate_pays_its_own_cold_penalty_per_chunk() -> None:
     # The reference's cold factor doubles its warm decode; a dictionary candidate of the same
     # decoder decodes warm as the reference does (paired), and cold pays its own penalty,
     # measured on the class (`dictionary_penalty`), once per chunk of the class, not the
-    # reference's factor. NONE costs its bytes' verifying and a cold penalty per chunk.
+    # reference's factor, but never less than the reference's own penalty per chunk (a cold
+    # decode with a dictionary does all a plain one does). NONE costs its bytes' verifying
+    # and a cold penalty per chunk.
     import fanfs.optimizer.measurement as optimizer
 
     zstd19d = Candidate(ZSTD19.spec, use_dict=True)
@@ -568,14 +570,20 @@ def test_a_dictionary_candidate_pays_its_own_cold_penalty_per_chunk() -> None:
     odd = warm[1::2]
     dict_m = Measurement(4, 4 * 65536, 4 * 9000, 8e-4, 0.0, 0.0, (9000,) * 4, odd, 2.0, odd)
     totals = {(cls.name, REFERENCE): ref_m, (cls.name, zstd19d): dict_m}
-    penalty = {(cls.name, zstd19d.spec.codec_id): 5e-5}
+    penalty = {(cls.name, zstd19d.spec.codec_id): 3e-4}
     prof = optimizer._project(
         cls, [NONE, REFERENCE, zstd19d], totals, REFERENCE, penalty, (1e-9, 1e-5)
     )
     by = {str(e.candidate): e for e in prof.estimates}
     assert by["zstd:3"].decode_s == pytest.approx(100 * 2e-4)  # warm 1e-4 a chunk, times 2
-    assert by["zstd:19+dict"].decode_s == pytest.approx(100 * 1e-4 + 100 * 5e-5)
+    assert by["zstd:19+dict"].decode_s == pytest.approx(100 * 1e-4 + 100 * 3e-4)
     assert by["none"].decode_s == pytest.approx(100 * 65536 * 1e-9 + 100 * 1e-5)
+    # a dictionary's penalty measured below the reference's (1e-4 a chunk) takes the latter's
+    penalty = {(cls.name, zstd19d.spec.codec_id): 5e-5}
+    prof = optimizer._project(cls, [NONE, REFERENCE, zstd19d], totals, REFERENCE, penalty)
+    by = {str(e.candidate): e for e in prof.estimates}
+    assert by["zstd:19+dict"].decode_s == pytest.approx(100 * 1e-4 + 100 * 1e-4)
+    assert not by["zstd:19+dict"].loses  # (smaller, so kept as a candidate)
     # without a penalty of its own (injected measurements), the reference's factor
     prof = optimizer._project(cls, [NONE, REFERENCE, zstd19d], totals, REFERENCE)
     by = {str(e.candidate): e for e in prof.estimates}
