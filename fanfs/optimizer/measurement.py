@@ -203,15 +203,9 @@ def measure(
     """
     spec = cand.spec
     dic = dictionary if cand.use_dict else None
-    # The pack builds its contexts once per thread; here that is overhead, not cost per byte.
-    start = time.thread_time()
-    prepare(spec, dic)
-    prepare_s = time.thread_time() - start
-    start = time.thread_time()
-    stored = [compress_object(u, spec, dic) for u in units]
-    compress_s = time.thread_time() - start
+    overhead_s = _prepared(spec, dic)
+    stored, compress_s = _compressed(units, spec, dic)
     objects = _objects(stored, units)
-    overhead_s = prepare_s
     ref_objects = None
     if cand != REFERENCE:  # REFERENCE's own objects, to time beside (`Measurement.beside`)
         start = time.thread_time()
@@ -219,6 +213,23 @@ def measure(
         overhead_s += time.thread_time() - start
     timing = _time_objects(objects, dic, ref_objects, cold=cold)
     return _measurement(units, stored, compress_s, overhead_s, [timing])
+
+
+def _prepared(spec: CodecSpec, dic: bytes | None) -> float:
+    """Build the codec's contexts (the pack builds them once per thread: overhead, not cost
+    per byte); the CPU seconds it took."""
+    start = time.thread_time()
+    prepare(spec, dic)
+    return time.thread_time() - start
+
+
+def _compressed(
+    units: Sequence[bytes], spec: CodecSpec, dic: bytes | None
+) -> tuple[list[tuple[int, bytes]], float]:
+    """`units` compressed as the pack does (`compress_object`), and the CPU seconds it took."""
+    start = time.thread_time()
+    stored = [compress_object(u, spec, dic) for u in units]
+    return stored, time.thread_time() - start
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +297,7 @@ def _measurement(
 # few milliseconds, it took this shared host's speed at that moment: the fastest of three
 # back-to-back passes over the real dataset's JSON sample, taken 40 times half a second
 # apart, ranged 0.0034-0.0182 s (mostly 0.0052-0.0056), and three plans of the same sample
-# put the reference's decode of one class 1.1-3.0x apart (the GIMP brushes 0.027-0.083 s),
+# put the reference's decode of one class 1.0-3.0x apart (the GIMP brushes 0.027-0.083 s),
 # where a mount's decode of a class spans many such moments. So the reference pass sweeps
 # over all classes REFERENCE_SWEEPS times and takes each class's median.
 REFERENCE_SWEEPS: Final = 3
@@ -298,26 +309,18 @@ def measure_reference(
     """`measure` of the reference on every unit of each class's sample (by class name), the
     decode timed in `sweeps` sweeps over the classes, so that a class's timings are about a
     sweep's time apart, and the median taken (`_measurement`)."""
-    spec = ref.spec
-    start = time.thread_time()
-    prepare(spec, None)
-    prepare_s = time.thread_time() - start
-    stored: list[list[tuple[int, bytes]]] = []
-    compress_s: list[float] = []
-    for cls in classes:
-        start = time.thread_time()
-        stored.append([compress_object(u, spec) for u in cls.measure_units])
-        compress_s.append(time.thread_time() - start)
-    objects = [_objects(s, cls.measure_units) for s, cls in zip(stored, classes, strict=True)]
+    prepare_s = _prepared(ref.spec, None)
+    compressed = [_compressed(cls.measure_units, ref.spec, None) for cls in classes]
+    objects = [_objects(s, c.measure_units) for (s, _), c in zip(compressed, classes, strict=True)]
     timings: list[list[_Timing]] = [[] for _ in classes]
     for _ in range(sweeps):
         for k, objs in enumerate(objects):
             timings[k].append(_time_objects(objs, None, None, cold=True))
     return {
         cls.name: _measurement(
-            cls.measure_units, stored[k], compress_s[k], prepare_s if k == 0 else 0.0, timings[k]
+            cls.measure_units, stored, compress_s, prepare_s if k == 0 else 0.0, timings[k]
         )
-        for k, cls in enumerate(classes)
+        for k, (cls, (stored, compress_s)) in enumerate(zip(classes, compressed, strict=True))
     }
 
 
