@@ -41,6 +41,7 @@ ROWS: Final = (
     ("bytes_decoded", "bytes decoded", "b"),
     ("solid_bytes", "solid blocks: bytes decoded", "b"),
     ("solid_hits", "solid blocks: files served from a decoded block", "n"),
+    ("solid_shared", "solid blocks: files sliced from another serving process's block", "n"),
     ("solid_pushed", "solid blocks: files pushed to page cache with a block-mate", "n"),
     ("decode_ns", "decode time (CPU of the decoding threads)", "ns"),
     ("prefetch_issued", "prefetch: chunks issued", "n"),

@@ -62,6 +62,9 @@ PUSHED_MEMORY: Final = 65536
 # stored in walk order, so they are read together (a directory, an epoch in storage order, the
 # background fill), and each would otherwise decode the whole block again.
 SOLID_CACHE_BYTES: Final = 16 * 1024 * 1024
+# How long a thread waits for another thread of its process to decode a solid block it
+# wants (a block decodes in well under a millisecond) before decoding it itself.
+SOLID_WAIT_S: Final = 1.0
 # A serving process with no other chunk in flight reads a chunk that is not in memory itself,
 # with a blocking `pread` on the trio thread, and decodes it there: a thread hand-off (150-400
 # us here) costs more than a local SSD's read, and no other request of the process waits
@@ -76,12 +79,17 @@ INLINE_READ_BACKOFF: Final = 256
 class SolidBlocks:
     """Decoded solid blocks by everything their decode depends on (`Index.block_key`): an
     `LruCache` of `budget` bytes behind a lock, so that worker-thread decodes share it with
-    the trio thread. Counts the blocks' bytes it was given (`decoded_bytes`)."""
+    the trio thread, and the blocks being decoded (`claim`), so that a thread that wants a block
+    another is decoding waits for it rather than decode it too. Counts the blocks' bytes it
+    was given (`decoded_bytes`) and the slices taken from another process's block
+    (`shared_hits`)."""
 
     def __init__(self, budget: int) -> None:
         self.decoded_bytes = 0
+        self.shared_hits = 0
         self._lock = threading.Lock()
         self._lru = LruCache(budget)
+        self._decoding: dict[tuple[int, ...], threading.Event] = {}
 
     def get(self, key: tuple[int, ...]) -> bytes | None:
         with self._lock:
@@ -91,6 +99,23 @@ class SolidBlocks:
         with self._lock:
             self.decoded_bytes += len(block)
             self._lru.put(key, block)
+
+    def claim(self, key: tuple[int, ...]) -> threading.Event | None:
+        """None if the caller is to decode block `key` (then `release` it, decoded or not);
+        else the event another thread's decode of it sets when it ends."""
+        with self._lock:
+            event = self._decoding.get(key)
+            if event is None:
+                self._decoding[key] = threading.Event()
+            return event
+
+    def release(self, key: tuple[int, ...]) -> None:
+        with self._lock:
+            self._decoding.pop(key).set()
+
+    def count_shared(self) -> None:
+        with self._lock:
+            self.shared_hits += 1
 
 
 # Block mates (`ChunkStore.block_mates`): the files of a solid block other than the one read,
@@ -265,6 +290,7 @@ class ChunkStore:
             data = self._solid_slice(cid, None, usize)
             if data is not None:  # its block is decoded: no I/O, no decode
                 counters[sh.SOLID_HITS] += 1
+                counters[sh.SOLID_SHARED] = self._solid.shared_hits
                 self._keep(cid, data, whole=whole)
                 return data
         if (
@@ -682,6 +708,7 @@ class ChunkStore:
         counters = self.shared.counters
         if self._bsize[cid]:
             counters[sh.SOLID_BYTES] = self._solid.decoded_bytes
+            counters[sh.SOLID_SHARED] = self._solid.shared_hits
         else:
             counters[sh.BYTES_DECODED] += usize
 
@@ -701,29 +728,54 @@ class ChunkStore:
 
     def _solid_slice(self, cid: int, stored: bytes | memoryview | None, usize: int) -> bytes | None:
         """A slice of a solid block (a copy: the object cache counts what it holds), from the
-        decoded block if this process has it, else decoded from `stored` (verified first),
-        or None without `stored`. Blocks are shared by stored location: the rows sharing it
-        were written from the same bytes, and the first to decode them checked them."""
+        decoded block if this process has it or another published it (`SharedBlocks`), from
+        another thread's decode of it once done, else decoded from `stored` (verified
+        first); None if no process has it and no `stored` is given. Blocks are shared by
+        stored location: the rows sharing it were written from the same bytes, and the
+        first to decode them checked them."""
         index = self.index
-        bsize = self._bsize[cid]
         key = index.block_key(cid)
+        skip = index.chunk_skip[cid]
         block = self._solid.get(key)
         if block is None:
+            published = self.shared.blocks
+            if published is not None:
+                data = published.slice(key, skip, usize)
+                if data is not None:
+                    self._solid.count_shared()
+                    return data
             if stored is None:
                 return None
-            if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
-                raise ChecksumError("checksum mismatch")
-            block = bytes(
-                decompress(
-                    index.chunk_codec[cid],
-                    stored,
-                    bsize,
-                    self.reader.dictionary(index.chunk_dict[cid]),
-                )
-            )
-            self._solid.put(key, block)
-        skip = index.chunk_skip[cid]
+            busy = self._solid.claim(key)
+            if busy is not None:
+                busy.wait(SOLID_WAIT_S)
+                block = self._solid.get(key)
+                if block is None:  # its decode failed, or is slow: decode it here
+                    block = self._decode_block(cid, stored, key)
+            else:
+                try:
+                    block = self._decode_block(cid, stored, key)
+                finally:
+                    self._solid.release(key)
         return block[skip : skip + usize]
+
+    def _decode_block(self, cid: int, stored: bytes | memoryview, key: tuple[int, ...]) -> bytes:
+        """Verify and decode a solid block, keep it and publish it to the other processes."""
+        index = self.index
+        if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
+            raise ChecksumError("checksum mismatch")
+        block = bytes(
+            decompress(
+                index.chunk_codec[cid],
+                stored,
+                self._bsize[cid],
+                self.reader.dictionary(index.chunk_dict[cid]),
+            )
+        )
+        self._solid.put(key, block)
+        if self.shared.blocks is not None:
+            self.shared.blocks.publish(key, block)
+        return block
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

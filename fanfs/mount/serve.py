@@ -93,7 +93,13 @@ def build_operations(
     # of counters (cluster mounts fill in a thread: see fork_filler).
     filler = config.prefetch and cluster is None and isinstance(objects, MinioCache)
     rows = processes + (1 if filler else 0)
-    shared = SharedState(processes=rows, partitions=len(reader.partitions), chunks=chunks)
+    bsizes = reader.index.arrays["bsize"]
+    shared = SharedState(
+        processes=rows,
+        partitions=len(reader.partitions),
+        chunks=chunks,
+        solid_block_bytes=int(bsizes.max()) if len(bsizes) else 0,
+    )
     store = ChunkStore(
         reader,
         shared,

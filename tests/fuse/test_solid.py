@@ -184,3 +184,30 @@ def test_reading_one_file_of_a_block_puts_its_block_mates_in_the_page_cache(
     assert after["reads"] == before["reads"]
     assert after["solid_bytes"] == before["solid_bytes"]
     assert after["solid_pushed"] == len(mates)
+
+
+def test_two_serving_processes_decode_each_block_once(
+    solid: tuple[Path, Path], mount_factory: Callable[..., Mount]
+) -> None:
+    """Files of a block read one after another reach both serving processes (the kernel
+    hands each READ to whichever is free), before the block's other files are pushed into
+    the page cache (here mostly never: the kernel has no inode for them yet). The process that
+    decodes a block shares it: every block is decoded once in all, and every file reads back
+    byte for byte, some of them from the other process's copy."""
+    src, pack = solid
+    mnt = mount_factory(pack, "--processes", "2", "--cache-memory", "0", "--prefetch", "off").mnt
+    rows = _solid_rows(pack)
+    for rel in sorted(rows, key=rows.__getitem__):  # in storage order
+        assert (mnt / rel).read_bytes() == (src / rel).read_bytes(), rel
+    reader = PackReader(str(pack))
+    try:
+        index = reader.index
+        sizes = {
+            row[:2]: index.chunk_bsize[index.first[entry_at(reader, rel)]]
+            for rel, row in rows.items()
+        }
+    finally:
+        reader.close()
+    stats = read_stats(str(mnt))
+    assert stats["solid_bytes"] == sum(sizes.values())
+    assert 0 < stats["solid_shared"] <= stats["solid_hits"]

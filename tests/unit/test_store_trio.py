@@ -21,7 +21,7 @@ from fanfs import shared as sh
 from fanfs.errors import ChecksumError, CorruptDataError, KnownCorruptError, RemoteReadError
 from fanfs.format.layout import partition_name
 from fanfs.format.reader import PackReader
-from fanfs.shared import SharedState
+from fanfs.shared import SHARED_BLOCK_MAX, SharedBlocks, SharedState
 from fanfs.store import ChunkStore
 from tests.conftest import entry_at, open_reader, run_fanfs
 from tests.pagecache import drop_from_page_cache
@@ -434,3 +434,103 @@ def test_block_mates_are_the_other_files_of_a_decoded_block_once(solid_pack: Pat
     assert got == {rel: SOLID_FILES[rel] for rel in members if rel not in (one, pushed)}
     assert store.block_mates(cids[one]) == []
     assert store.block_mates(cids[members[-1]]) == []  # the same block: handled
+
+
+def _solid_blocks(reader: PackReader) -> dict[tuple[int, ...], list[str]]:
+    """SOLID_FILES by the solid block that holds each."""
+    index = reader.index
+    blocks: dict[tuple[int, ...], list[str]] = {}
+    for rel in SOLID_FILES:
+        cid = index.first[entry_at(reader, rel)]
+        assert index.chunk_bsize[cid], rel
+        blocks.setdefault(index.block_key(cid), []).append(rel)
+    return blocks
+
+
+def test_a_block_another_process_decoded_is_sliced_from_its_copy(solid_pack: Path) -> None:
+    """Serving processes share decoded solid blocks (`SharedBlocks`): a file whose block
+    another process decoded reads back from that process's copy with no decode here (counted
+    as `solid_shared`); a file of a block no process decoded is decoded."""
+    reader = open_reader(solid_pack)
+    index = reader.index
+    shared = SharedState(
+        processes=2,
+        partitions=len(reader.partitions),
+        chunks=index.chunk_count,
+        solid_block_bytes=int(index.arrays["bsize"].max()),
+    )
+    blocks = list(_solid_blocks(reader).values())
+    (one, mate, *_), other = blocks[0], blocks[1]
+    first = make_store(reader, shared)
+    trio.run(partial(first.chunk, whole=True), entry_at(reader, one), 0)
+    assert shared.counters[sh.SOLID_BYTES] > 0
+    shared.use_slot(1)  # as the other serving process, after the fork
+    second = make_store(reader, shared)
+    got = trio.run(partial(second.chunk, whole=True), entry_at(reader, mate), 0)
+    assert bytes(got) == SOLID_FILES[mate]
+    assert shared.counters[sh.SOLID_BYTES] == 0
+    assert shared.counters[sh.SOLID_HITS] == 1
+    assert shared.counters[sh.SOLID_SHARED] == 1
+    got = trio.run(partial(second.chunk, whole=True), entry_at(reader, other[0]), 0)
+    assert bytes(got) == SOLID_FILES[other[0]]
+    assert (
+        shared.counters[sh.SOLID_BYTES]
+        == index.chunk_bsize[index.first[entry_at(reader, other[0])]]
+    )
+    assert shared.counters[sh.SOLID_SHARED] == 1
+
+
+def test_a_thread_waits_for_the_block_another_thread_is_decoding(solid_pack: Path) -> None:
+    """Read-ahead and a READ of two files of one solid block at once: the second waits for the
+    first's decode and slices it, rather than decode the block again."""
+    reader = open_reader(solid_pack)
+    store = make_store(reader)
+    index = reader.index
+    one, mate, *_ = max(_solid_blocks(reader).values(), key=len)
+    cid, mate_cid = (index.first[entry_at(reader, rel)] for rel in (one, mate))
+    key = index.block_key(cid)
+    assert store._solid.claim(key) is None  # as a decode of the block in flight
+    out: list[bytes | memoryview] = []
+    waiter = threading.Thread(
+        target=lambda: out.append(store.load_and_decode(mate_cid, len(SOLID_FILES[mate]))[0])
+    )
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive() and not out
+    store._decode_block(cid, reader.read_stored(cid), key)  # the decode in flight ends
+    decoded = store._solid.decoded_bytes
+    store._solid.release(key)
+    waiter.join(5)
+    assert [bytes(data) for data in out] == [SOLID_FILES[mate]]
+    assert store._solid.decoded_bytes == decoded == index.chunk_bsize[cid]
+
+
+def test_shared_blocks_give_only_what_another_process_published() -> None:
+    """`SharedBlocks`: a slice of a block another process published; None for this process's
+    own segment, another key in the same slot, bytes past the block's end, or a segment whose
+    lock is held; a block larger than a slot is not published."""
+    blocks = SharedBlocks(processes=3, block_bytes=SHARED_BLOCK_MAX)  # 4 slots a process
+    key = (0, 4096, 20, 1, 0, 50)
+    block = bytes(range(50))
+    assert blocks.publish(key, block)
+    assert blocks.slice(key, 10, 5) is None  # its own
+    blocks.use_slot(2)
+    assert blocks.slice(key, 10, 5) == block[10:15]
+    assert blocks.slice(key, 45, 5) == block[45:]
+    assert blocks.slice(key, 46, 5) is None
+    assert blocks.slice((0, 4096, 20, 1, 0, 51), 0, 1) is None
+    others = [k for k in ((0, o, 20, 1, 0, 50) for o in range(64)) if k != key]
+    clash = next(k for k in others if hash(k) % blocks.slots == hash(key) % blocks.slots)
+    blocks.use_slot(0)
+    assert blocks.publish(clash, block[::-1])
+    assert not blocks.publish(key, bytes(SHARED_BLOCK_MAX + 1))
+    blocks.use_slot(1)
+    assert blocks.slice(key, 0, 1) is None  # overwritten by the other key
+    assert blocks.slice(clash, 0, 3) == block[::-1][:3]
+    blocks._locks[0].acquire()
+    try:
+        assert blocks.slice(clash, 0, 3) is None
+        blocks.use_slot(0)
+        assert not blocks.publish(key, block)
+    finally:
+        blocks._locks[0].release()
