@@ -2351,3 +2351,41 @@ def test_a_candidate_wins_by_its_share_of_every_unit_however_unequal_the_units(
     by = {str(e.candidate): e for e in prof.estimates}
     assert by["zstd:19"].sample_units == 10
     assert by["zstd:19"].loses is loses
+
+
+def test_a_class_sample_shows_its_large_units_in_every_prefix() -> None:
+    """The units candidates are measured on come in an order whose every prefix holds the
+    large units (blocks of large files) in about their share of the sample's bytes, each
+    stratum in its random order: a costly candidate measured on the first few units sees the
+    class's bytes, not only its many small files."""
+    from fanfs.optimizer import FileRef, sample_classes
+    from fanfs.optimizer.sampling import STRATUM_BYTES, stratified
+
+    files = [FileRef(b"d/s%03d" % i, b"d/s%03d" % i, 200 + 37 * i) for i in range(120)]
+    files += [FileRef(b"d/l%d" % i, b"d/l%d" % i, 3 * STRATUM_BYTES) for i in range(4)]
+
+    def reader(path: bytes, offset: int, length: int) -> tuple[bytes, float]:
+        return (path * length)[:length], 1e-4
+
+    args: dict[str, Any] = {"chunk_size": 1 << 20, "block_size": STRATUM_BYTES}
+    [cls], _ = sample_classes(files, seed=5, sample_bytes=1 << 30, reader=reader, **args)
+    units = cls.measure_units
+    large = [len(u) >= STRATUM_BYTES for u in units]
+    share = sum(len(u) for u, big in zip(units, large, strict=True) if big) / sum(
+        len(u) for u in units
+    )
+    assert 0.6 < share < 0.9 and large.count(True) == 4
+    biggest = max(len(u) for u in units)
+    got = got_large = 0
+    for unit, big in zip(units, large, strict=True):
+        # Before each unit, the large ones' share of the prefix is within one unit of theirs.
+        assert got_large <= share * got + biggest
+        assert got - got_large <= (1 - share) * got + biggest
+        got += len(unit)
+        got_large += len(unit) if big else 0
+    assert large[0]  # the first unit: a block of a large file, where most bytes are
+    # Each stratum keeps the seeded random order it was drawn in.
+    order = [b"a" * 70000, b"b" * 10, b"c" * 80000, b"d" * 20, b"e" * 30]
+    assert stratified(order) == [order[0], order[1], order[3], order[2], order[4]]
+    assert sorted(stratified(order)) == sorted(order)
+    assert stratified([]) == []
