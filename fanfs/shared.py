@@ -125,8 +125,8 @@ FAST_COUNTERS: Final = COUNTER_NAMES[FAST_OPENDIRS:]
 # one block read in walk order reach several of them before the first one's push of the
 # block's other files into the page cache lands; each would decode the block again (run X's
 # Ruby docs: every block 1.66x with two processes). Only the blocks read at that moment
-# matter, so a few MiB do; blocks above SHARED_BLOCK_MAX (not made by `fanfs pack`'s limits
-# of a quarter of a chunk per member) are not shared.
+# matter, so a few MiB do; blocks above SHARED_BLOCK_MAX (`--solid-block` above 1 MiB, or
+# a hostile pack's) are not shared.
 SHARED_BLOCKS_BYTES: Final = 4 * 1024 * 1024
 SHARED_BLOCK_MAX: Final = 1024 * 1024
 # A slot's header: the block's key (`Index.block_key`, six integers), then its length (0:

@@ -570,7 +570,7 @@ def _within(
     for row in plan["classes"]:
         if not row["decode_s"] or row["class"] not in got:
             continue
-        p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"])
+        p = predicted_decode(row)
         ratio = got[row["class"]][name] * speed / p
         ok = 0.75 <= ratio <= 1.25
         hits, total, under = hits + ok, total + 1, under + (ratio <= 1.25)
@@ -606,7 +606,7 @@ def against_default_per_class(
         mine, default = got[row["class"]][name], got[row["class"]]["default"]
         if default <= 0:
             continue
-        p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"]) / ref[0]
+        p = predicted_decode(row) / ref[0]
         ratio = mine / default / p
         hits, under, total = hits + (0.75 <= ratio <= 1.25), under + (ratio <= 1.25), total + 1
         print(
@@ -625,12 +625,15 @@ def against_default_per_class(
     )
 
 
+def predicted_decode(row: dict[str, Any], order: str = "walk") -> float:
+    """The plan's decode seconds for one class (a row of its `classes`), a solid class's as
+    read in `order` ("random": each member decodes its block; "walk": each block once)."""
+    return float((row.get("solid_decode_s") or {}).get(order, row["decode_s"]))
+
+
 def predicted_epoch(plan: dict[str, Any], order: str) -> float:
-    """The plan's decode seconds for an epoch: every class's, a solid class's as read in
-    `order` ("random": each member decodes its block; "walk": each block once)."""
-    return sum(
-        (row.get("solid_decode_s") or {}).get(order, row["decode_s"]) for row in plan["classes"]
-    )
+    """The plan's decode seconds for an epoch: every class's (`predicted_decode`)."""
+    return sum(predicted_decode(row, order) for row in plan["classes"])
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -776,7 +779,7 @@ def main() -> int:
                 m = got[row["class"]][n]
                 o = got[row["class"]]["outside:" + n]
                 # A solid class read in walk order decodes each block once (the plan's "walk").
-                p = (row.get("solid_decode_s") or {}).get("walk", row["decode_s"])
+                p = predicted_decode(row)
                 total_p, total_m, total_o = total_p + p, total_m + m, total_o + o
                 print(
                     "| %s | %s | %.3f | %.3f | %.2f | %.2f | %.3f | %.2f | %.2f | %.0f |"
