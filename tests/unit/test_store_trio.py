@@ -480,6 +480,38 @@ def test_a_block_another_process_decoded_is_sliced_from_its_copy(solid_pack: Pat
     assert shared.counters[sh.SOLID_SHARED] == 1
 
 
+def test_a_file_whose_block_is_decoded_is_a_hit_not_a_decode(solid_pack: Path) -> None:
+    """Once a read has decoded a solid block, read-ahead of the block's other files slices
+    them from it on the trio thread (no thread hand-off, no load), counted as solid hits;
+    decode_ns counts the block's decode only, whichever path slices a file (before, each
+    prefetched file loaded the stored block again and was timed as a decode in a thread)."""
+    reader = open_reader(solid_pack)
+    store = make_store(reader)
+    counters = store.shared.counters
+    (one, *mates), (other, *_) = list(_solid_blocks(reader).values())[:2]
+    trio.run(partial(store.chunk, whole=True), entry_at(reader, one), 0)
+    decode_ns, threads = counters[sh.DECODE_NS], counters[sh.THREAD_DECODES]
+    assert decode_ns > 0 and threads == 1
+
+    async def prefetch(rels: list[str]) -> list[tuple[int, int, bytes | memoryview]]:
+        jobs = [(entry_at(reader, rel), 0) for rel in rels]
+        return await store.prefetch_local(jobs, trio.CapacityLimiter(2), push=True)
+
+    loaded = trio.run(prefetch, mates)
+    assert {reader.index.path(e).decode(): bytes(d) for e, _, d in loaded} == {
+        rel: SOLID_FILES[rel] for rel in mates
+    }
+    assert counters[sh.SOLID_HITS] == len(mates)
+    assert (counters[sh.DECODE_NS], counters[sh.THREAD_DECODES]) == (decode_ns, threads)
+    index = reader.index
+    cid = index.first[entry_at(reader, mates[0])]
+    data, ns = store.load_and_decode(cid, len(SOLID_FILES[mates[0]]))
+    assert (bytes(data), ns) == (SOLID_FILES[mates[0]], 0)
+    cid = index.first[entry_at(reader, other)]
+    data, ns = store.load_and_decode(cid, len(SOLID_FILES[other]))
+    assert bytes(data) == SOLID_FILES[other] and ns > 0
+
+
 def test_a_thread_waits_for_the_block_another_thread_is_decoding(solid_pack: Path) -> None:
     """Read-ahead and a READ of two files of one solid block at once: the second waits for the
     first's decode and slices it, rather than decode the block again."""
