@@ -402,14 +402,15 @@ class ChunkStore:
         if self.is_pending(cid) or self.shared.is_broken(cid):
             return None
         self.shared.counters[sh.PREFETCH_ISSUED] += 1
-        cached = self._decoded(cid, self.usize(entry, chunk_no))
+        usize = self.usize(entry, chunk_no)
+        cached = self._decoded(cid, usize)
         if cached is not None:  # only the kernel push is left to do
             self._keep_loaded(cid, cached, push=push)
             return cached if push else None
         flight = self._inflight[cid] = _Flight(prefetch=True)
         try:
-            flight.data = await self._load(cid, self.usize(entry, chunk_no), limiter)
-            self._count_decoded(cid, self.usize(entry, chunk_no))
+            flight.data = await self._load(cid, usize, limiter)
+            self._count_decoded(cid, usize)
         except FanfsError as exc:
             flight.error = exc
             self.shared.counters[sh.PREFETCH_FAILED] += 1
@@ -757,6 +758,7 @@ class ChunkStore:
         key = index.block_key(cid)
         skip = index.chunk_skip[cid]
         block = self._solid.get(key)
+        ns = 0
         if block is None:
             published = self.shared.blocks
             if published is not None:
@@ -772,14 +774,12 @@ class ChunkStore:
                 block = self._solid.get(key)
                 if block is None:  # its decode failed, or is slow: decode it here
                     block, ns = self._decode_block(cid, stored, key)
-                    return block[skip : skip + usize], ns
             else:
                 try:
                     block, ns = self._decode_block(cid, stored, key)
                 finally:
                     self._solid.release(key)
-                return block[skip : skip + usize], ns
-        return block[skip : skip + usize], 0
+        return block[skip : skip + usize], ns
 
     def _decode_block(
         self, cid: int, stored: bytes | memoryview, key: tuple[int, ...]
