@@ -856,6 +856,8 @@ def test_a_mapped_reader_faulting_page_after_page_reaches_the_daemon_once_a_bloc
                 assert m[offset : offset + 4096] == data[offset : offset + 4096]
         after = stats(mount.mnt)
     # Without waiting for the push, every page of a block but the last few is a READ
-    # (about 16 per block); the few races that switch it on cost a READ each.
-    assert delta(after, before, "reads") <= blocks + 2 * 16
-    assert delta(after, before, "rest_waited") >= blocks - 4, delta(after, before, "reads")
+    # (about 16 per block); the few races that switch it on cost a READ each. How many
+    # pushes had to be waited for depends on the host: on a loaded one the reader is slow
+    # enough for most pushes to land on their own (rest_waited 0, one READ a block).
+    assert delta(after, before, "reads") <= blocks + 2 * 16, delta(after, before, "rest_waited")
+    assert delta(after, before, "rest_pushed") >= blocks - 2
