@@ -379,7 +379,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         out.append(
             "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass, %.1f s of "
             "measurement (CPU) within a budget of %.1f s%s; the pack is predicted to take "
-            "%.1f s on %d jobs, and %g%% of it (%.1f s) bounds all three"
+            "%.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all three%s"
             % (
                 smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
@@ -390,9 +390,20 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 s["jobs"],
                 100 * s["plan_share"],
                 s["plan_share"] * smp["predicted_pack_s"],
+                _share_ceiling(s["plan_share"], smp["predicted_pack_s"]),
             )
         )
     return out
+
+
+def _share_ceiling(share: float, predicted_pack_s: float) -> str:
+    """The plan table's words for where measuring stops (`budgets._within_share`)."""
+    if share >= 1.0:
+        return ""
+    return (
+        ", and measuring after its rounds stops at %g%% of the pack time "
+        "with the plan (%.1f s)" % (100 * share, share / (1.0 - share) * predicted_pack_s)
+    )
 
 
 def realised_table(record: dict[str, Any]) -> str:

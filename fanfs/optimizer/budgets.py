@@ -299,6 +299,7 @@ def make_plan(
             cost.predicted_pack_s = _predicted_pack_s(again[1], read_s, settings.jobs)
         return again
 
+    solid_s = cost.budget_s * SOLID_SHARE / codecs_share if solid_block else 0.0
     if solid_block and settings.mode == "balanced":
         # Measured before confirming: a candidate the blocks make worth choosing is
         # confirmed like any other.
@@ -312,15 +313,16 @@ def make_plan(
             measure_fn,
             cost,
             solid,
-            cost.budget_s * SOLID_SHARE / codecs_share,
+            _within_share(settings, cost, solid_s),
         )
         profiles, selection, budget = reselect()
+        solid_s = 0.0
     profiles, selection, budget = _confirm_rounds(
         classes,
         settings.candidates,
         cost,
         measure_fn,
-        cost.budget_s * CONFIRM_SHARE / codecs_share,
+        _within_share(settings, cost, cost.budget_s * CONFIRM_SHARE / codecs_share, solid_s),
         (profiles, selection, budget),
         reselect,
     )
@@ -328,7 +330,7 @@ def make_plan(
     if solid is not None:
         solid_decode = solid.chosen(profiles, selection)
     elif solid_block:
-        seconds = cost.budget_s * SOLID_SHARE / codecs_share
+        seconds = _within_share(settings, cost, solid_s)
         solid_decode = _solid_classes(
             classes, selection, budget, solid_block, measure_fn, cost, seconds
         )
@@ -369,6 +371,30 @@ def _measuring_budget(
     still are, to keep plans of injected measurements exactly reproducible."""
     floor = cost.sample_s + cost.reference_s
     return max(settings.plan_share * predicted_pack_s - floor, 0.0) * codecs_share
+
+
+def _within_share(
+    settings: PlanSettings, cost: PlanCost, seconds: float, keep: float = 0.0
+) -> float:
+    """`seconds` of the measuring that follows the budget's rounds (the solid blocks,
+    confirming), cut to what keeps the plan within plan_share of the pack time, the plan
+    included, as the pack is predicted now; `keep` of those left are kept for what comes
+    after (the capacity-leaning modes' solid blocks, which save more than confirming).
+
+    The budget aims at plan_share of the predicted pack without the plan (`_budget_rounds`),
+    which leaves room for the prediction to fall as the plan measures more. It fell further:
+    the rounds grow the budget toward the fastest pack predicted so far, and the selections
+    made after, on more units, chose codecs that compress faster (on the real dataset,
+    brotli:11 chosen for the JSON on 9 units gave way to zstd:19 with a dictionary: 78 s of
+    the predicted pack became 15 s). Two capacity-leaning plans of the last five took 26.9%
+    and 27.7% of the pack time, the second after reporting 78.5 s as its bound and spending
+    120.7 s (docs/benchmarks.md, "2026-11-28, late")."""
+    share = settings.plan_share
+    if settings.time_budget_s is not None or cost.predicted_pack_s is None or share >= 1.0:
+        return seconds
+    spent = cost.sample_s + cost.reference_s + cost.measure_s
+    left = share / (1.0 - share) * cost.predicted_pack_s - spent
+    return max(min(seconds, left - min(keep, max(left, 0.0))), 0.0)
 
 
 Selected = tuple[list[ClassProfile], Selection, float | None]

@@ -1390,6 +1390,81 @@ def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
     assert last.choices[0].compress_s == 300.0
 
 
+@pytest.mark.parametrize("room", ["both", "solid", "none"])
+def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_plan(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, room: str
+) -> None:
+    # Once the budget's rounds are over, the pack is predicted to leave room (within
+    # plan_share of the pack time, the plan included) for confirming and the solid blocks
+    # at their shares of the budget; for the solid blocks and half of confirming's; or for
+    # nothing (the selections made after the rounds chose codecs that compress faster). The
+    # solid blocks' seconds are kept first, and past the share neither measures.
+    import fanfs.optimizer.budgets as budgets
+    from fanfs.pack import walk_tree
+
+    real_rounds, real_confirm = budgets._budget_rounds, budgets._confirm_rounds
+    real_solid = budgets._solid_classes
+    given: dict[str, tuple[float, float]] = {}
+
+    def spent(cost: PlanCost) -> float:
+        return cost.sample_s + cost.reference_s + cost.measure_s
+
+    def left(cost: PlanCost) -> float:
+        assert cost.predicted_pack_s is not None
+        return 0.25 / 0.75 * cost.predicted_pack_s - spent(cost)
+
+    def rounds(classes: Any, settings: Any, cost: PlanCost, *args: Any, **kw: Any) -> Any:
+        out = real_rounds(classes, settings, cost, *args, **kw)
+        assert cost.budget_s is not None
+        whole = cost.budget_s / (1 - budgets.CONFIRM_SHARE - budgets.SOLID_SHARE)
+        confirm_s, solid_s = whole * budgets.CONFIRM_SHARE, whole * budgets.SOLID_SHARE
+        target = {"both": 10 * (confirm_s + solid_s), "solid": solid_s + confirm_s / 2}
+        cost.predicted_pack_s = 3 * (spent(cost) + target.get(room, -1.0))
+        return out
+
+    def confirm_rounds(*args: Any) -> Any:
+        given["confirm"] = (args[4], left(args[2]))
+        return real_confirm(*args)
+
+    def solid_classes(*args: Any) -> Any:
+        given["solid"] = (args[6], left(args[5]))
+        return real_solid(*args)
+
+    monkeypatch.setattr(budgets, "_budget_rounds", rounds)
+    monkeypatch.setattr(budgets, "_confirm_rounds", confirm_rounds)
+    monkeypatch.setattr(budgets, "_solid_classes", solid_classes)
+    settings = PlanSettings(
+        read_model=ReadModel(1e-4, 1e9, "given"),
+        seed=1,
+        sample_bytes=1 << 20,
+        time_budget_s=None,
+        mode="prefetch",
+        target_files_per_s=10.0,
+    )
+    plan = make_plan(
+        walk_tree(str(tree)),
+        settings,
+        chunk_size=64 * 1024,
+        measure_fn=_slow_measure,
+        reader=_nominal_read,
+        solid_block=128 * 1024,
+    )
+    assert plan.cost.budget_s is not None
+    nominal_confirm = plan.cost.budget_s * budgets.CONFIRM_SHARE
+    nominal_solid = plan.cost.budget_s * budgets.SOLID_SHARE
+    (confirm_s, confirm_left), (solid_s, solid_left) = given["confirm"], given["solid"]
+    if room == "both":
+        assert confirm_s == pytest.approx(nominal_confirm)
+        assert solid_s == pytest.approx(nominal_solid)
+    elif room == "solid":
+        assert confirm_s == pytest.approx(nominal_confirm / 2)
+        assert confirm_left == pytest.approx(nominal_solid + nominal_confirm / 2)
+        assert 0 < solid_s == pytest.approx(min(solid_left, nominal_solid))
+    else:
+        assert confirm_left < 0 and solid_left < 0
+        assert confirm_s == solid_s == 0.0
+
+
 def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: Path) -> None:
     # The balanced mode (and a loose decode budget) will store the compressible classes with
     # a dense zstd level: the pack it predicts, and so its share for measuring, counts that
