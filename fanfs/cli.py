@@ -206,8 +206,9 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         default="25%",
         metavar="PERCENT",
         help="without --time-budget: the plan (reading the sample, the zstd:3 pass, measuring) "
-        "may take this share of the time the pack is predicted to take with the codecs it "
-        "chooses (default 25%%)",
+        "aims at this share of the time the pack is predicted to take with the codecs it "
+        "chooses, and its last measurements stop at this share of the whole pack time, the "
+        "plan included (default 25%%)",
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
