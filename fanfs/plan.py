@@ -24,6 +24,7 @@ from fanfs.optimizer import (
     parse_candidates,
     plan_record,
 )
+from fanfs.optimizer.budgets import plan_ceiling_s
 
 if TYPE_CHECKING:
     from fanfs.walk import TreeSample
@@ -398,12 +399,11 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
 
 def _share_ceiling(share: float, predicted_pack_s: float) -> str:
     """The plan table's words for where measuring stops (`budgets._within_share`)."""
-    if share >= 1.0:
+    ceiling = plan_ceiling_s(share, predicted_pack_s)
+    if math.isinf(ceiling):
         return ""
-    return (
-        ", and measuring after its rounds stops at %g%% of the pack time "
-        "with the plan (%.1f s)" % (100 * share, share / (1.0 - share) * predicted_pack_s)
-    )
+    words = ", and measuring after its rounds stops at %g%% of the pack time with the plan"
+    return words % (100 * share) + " (%.1f s)" % ceiling
 
 
 def realised_table(record: dict[str, Any]) -> str:

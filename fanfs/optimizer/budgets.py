@@ -389,12 +389,19 @@ def _within_share(
     the predicted pack became 15 s). Two capacity-leaning plans of the last five took 26.9%
     and 27.7% of the pack time, the second after reporting 78.5 s as its bound and spending
     120.7 s (docs/benchmarks.md, "2026-11-28, late")."""
-    share = settings.plan_share
-    if settings.time_budget_s is not None or cost.predicted_pack_s is None or share >= 1.0:
+    if settings.time_budget_s is not None or cost.predicted_pack_s is None:
         return seconds
     spent = cost.sample_s + cost.reference_s + cost.measure_s
-    left = share / (1.0 - share) * cost.predicted_pack_s - spent
+    left = plan_ceiling_s(settings.plan_share, cost.predicted_pack_s) - spent
     return max(min(seconds, left - min(keep, max(left, 0.0))), 0.0)
+
+
+def plan_ceiling_s(plan_share: float, predicted_pack_s: float) -> float:
+    """The most a plan may take to stay within `plan_share` of the pack time, itself
+    included, when the pack (without the plan) is predicted to take `predicted_pack_s`."""
+    if plan_share >= 1.0:
+        return math.inf
+    return plan_share / (1.0 - plan_share) * predicted_pack_s
 
 
 Selected = tuple[list[ClassProfile], Selection, float | None]

@@ -1463,6 +1463,17 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
     else:
         assert confirm_left < 0 and solid_left < 0
         assert confirm_s == solid_s == 0.0
+    # The plan table says where the budget aims, and where measuring stopped.
+    from fanfs.plan import summary_lines
+
+    predicted = plan.cost.predicted_pack_s
+    assert predicted is not None
+    (line,) = [line for line in summary_lines(plan_record(plan)) if line.startswith("plan cost")]
+    assert line.endswith(
+        "the pack is predicted to take %.1f s on 1 jobs: the budget aims at 25%% of it "
+        "(%.1f s) for all three, and measuring after its rounds stops at 25%% of the pack "
+        "time with the plan (%.1f s)" % (predicted, predicted / 4, predicted / 3)
+    )
 
 
 def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: Path) -> None:
