@@ -201,13 +201,9 @@ def make_plan(
     solid_block: int = 0,
     measure_fn: MeasureFn = measure,
     reader: Callable[[bytes, int, int], tuple[bytes, float]] = read_unit,
-    clock: Callable[[], float] | None = time.thread_time,
 ) -> Plan:
-    """Sample, profile and select: the whole of `fanfs plan`. Under plan_share, `clock` (the
-    planning thread's CPU time) counts what the plan spends besides what it measures
-    (`PlanCost.spent_s`); None counts only the measurements (injected ones in tests)."""
+    """Sample, profile and select: the whole of `fanfs plan`."""
     start = time.perf_counter()
-    started = clock() if clock is not None else 0.0
     budget_mode = settings.check_mode if settings.mode == "capacity" else settings.mode
     # Solid blocks: the capacity-leaning modes count each member decoding its block, which
     # their budget absorbs; the balanced mode counts a block decoded once per node
@@ -224,7 +220,7 @@ def make_plan(
     )
     read_model = settings.read_model or fit_read_model(reads)
     n_files, n_bytes = len(files), sum(f.size for f in files)
-    cost = PlanCost(settings.time_budget_s, clock=clock, started=started)
+    cost = PlanCost(settings.time_budget_s)
     # The codecs' share of the measuring budget: CONFIRM_SHARE of it is kept for confirming
     # choices made on few units (`measurement.confirm`), and with solid blocks to choose,
     # SOLID_SHARE for that choice (`_solid_classes`, `_measure_balanced_solid`).
@@ -368,14 +364,12 @@ def _measuring_budget(
     settings: PlanSettings, cost: PlanCost, predicted_pack_s: float, codecs_share: float
 ) -> float:
     """The codecs' measuring budget under plan_share of a pack predicted to take
-    `predicted_pack_s`. The share bounds the plan, so what it spent besides measuring is
-    taken off first (`PlanCost.spent_s`: reading the sample, the reference pass, and with
-    the planning thread's clock the selections and the rest). Outside the budget, the first
-    two and the selections were 4-13 s of the real dataset's plans of 47-85 s, which took
-    25-29% of the pack time in four runs of five; with those two counted, the selections
-    and the rest (13.6 and 14.7 s, 0.3-1 s a selection with solid options) left a balanced
-    plan at 30.4%."""
-    floor = cost.spent_s() - cost.measure_s
+    `predicted_pack_s`. The share bounds the plan, so what it spent before measuring
+    (reading the sample, the reference pass) is taken off first. Outside the budget, those
+    and the selections were 4-13 s of the real dataset's plans of 47-85 s, which took 25-29%
+    of the pack time in four runs of five; the selections (0.3-1 s each with solid options)
+    still are, to keep plans of injected measurements exactly reproducible."""
+    floor = cost.sample_s + cost.reference_s
     return max(settings.plan_share * predicted_pack_s - floor, 0.0) * codecs_share
 
 
@@ -397,7 +391,8 @@ def _within_share(
     120.7 s (docs/benchmarks.md, "2026-11-28, late")."""
     if settings.time_budget_s is not None or cost.predicted_pack_s is None:
         return seconds
-    left = plan_ceiling_s(settings.plan_share, cost.predicted_pack_s) - cost.spent_s()
+    spent = cost.sample_s + cost.reference_s + cost.measure_s
+    left = plan_ceiling_s(settings.plan_share, cost.predicted_pack_s) - spent
     return max(min(seconds, left - min(keep, max(left, 0.0))), 0.0)
 
 

@@ -580,22 +580,6 @@ class PlanCost:
     # and each class's cost of serving raw chunks (`raw_serving`)
     penalties: dict[tuple[str, int], float] = field(default_factory=dict)
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # The planning thread's CPU clock and its reading when the plan began (`spent_s`); None:
-    # only what is counted above (plans of injected measurements, which do not take the
-    # seconds they report, stay exactly reproducible).
-    clock: Callable[[], float] | None = None
-    started: float = 0.0
-
-    def spent_s(self) -> float:
-        """What the plan has spent: what it counts (reading the sample, the reference pass,
-        measuring), or with a `clock` the CPU seconds the planning thread has taken since the
-        plan began, if more. Those add what is not counted: the selections, splitting the
-        sample into units, training dictionaries beyond their nominal cost (14.7 s of a
-        balanced plan of the real dataset that took 77 s, 30.4% of its pack)."""
-        counted = self.sample_s + self.reference_s + self.measure_s
-        if self.clock is None:
-            return counted
-        return max(counted, self.clock() - self.started)
 
 
 def profile(

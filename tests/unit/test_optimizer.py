@@ -860,12 +860,7 @@ def _make_plan(
     from fanfs.pack import walk_tree
 
     return make_plan(
-        walk_tree(str(root)),
-        settings,
-        chunk_size=64 * 1024,
-        measure_fn=measure_fn,
-        reader=reader,
-        clock=None,
+        walk_tree(str(root)), settings, chunk_size=64 * 1024, measure_fn=measure_fn, reader=reader
     )
 
 
@@ -1395,55 +1390,6 @@ def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
     assert last.choices[0].compress_s == 300.0
 
 
-@pytest.mark.parametrize("besides", [0.0, 0.5, 100.0])
-def test_the_plan_share_counts_the_planning_threads_time_besides_measuring(
-    tree: Path, monkeypatch: pytest.MonkeyPatch, besides: float
-) -> None:
-    # The planning thread's clock says the plan spent more than it counted (selections,
-    # splitting the sample into units) by the time it set its first budget: `besides` of
-    # that budget as counted alone. That much less is left for measuring, and past the share
-    # nothing is measured beyond the reference pass.
-    import fanfs.optimizer.budgets as budgets
-    from fanfs.pack import walk_tree
-
-    settings = PlanSettings(
-        read_model=ReadModel(1e-4, 1e9, "given"), seed=1, sample_bytes=1 << 20, time_budget_s=None
-    )
-
-    def plan(clock: Callable[[], float] | None) -> PlanCost:
-        return make_plan(
-            walk_tree(str(tree)),
-            settings,
-            chunk_size=64 * 1024,
-            reader=_nominal_read,
-            measure_fn=_fake_measure,
-            clock=clock,
-        ).cost
-
-    counted = plan(None)
-    assert counted.budget_s is not None and counted.rounds == 1 and counted.measure_s > 0
-    extra = besides * counted.budget_s
-    seen: list[PlanCost] = []
-    real_budget = budgets._measuring_budget
-
-    def measuring_budget(settings: Any, cost: PlanCost, *args: Any) -> float:
-        seen.append(cost)
-        return real_budget(settings, cost, *args)
-
-    def clock() -> float:
-        if not seen:
-            return 0.0  # until the first budget is set
-        cost = seen[0]
-        return cost.sample_s + cost.reference_s + cost.measure_s + extra
-
-    monkeypatch.setattr(budgets, "_measuring_budget", measuring_budget)
-    clocked = plan(clock)
-    assert clocked.budget_s is not None
-    assert clocked.budget_s == pytest.approx(max(counted.budget_s - extra, 0.0))
-    if besides > 1:
-        assert clocked.budget_s == 0.0 and clocked.measure_s == 0.0
-
-
 @pytest.mark.parametrize("room", ["both", "solid", "none"])
 def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_plan(
     tree: Path, monkeypatch: pytest.MonkeyPatch, room: str
@@ -1502,7 +1448,6 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
         measure_fn=_slow_measure,
         reader=_nominal_read,
         solid_block=128 * 1024,
-        clock=None,
     )
     assert plan.cost.budget_s is not None
     nominal_confirm = plan.cost.budget_s * budgets.CONFIRM_SHARE
