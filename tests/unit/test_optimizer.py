@@ -1277,6 +1277,19 @@ def _slow_measure(
     return dataclasses.replace(m, compress_s=m.compress_s * 1000)
 
 
+def _slow_pack_settings() -> PlanSettings:
+    """A prefetch-mode plan whose measuring budget is plan_share of the pack it predicts
+    (with `_slow_measure`, far slower than the first guess)."""
+    return PlanSettings(
+        read_model=ReadModel(1e-4, 1e9, "given"),
+        seed=1,
+        sample_bytes=1 << 20,
+        time_budget_s=None,
+        mode="prefetch",
+        target_files_per_s=10.0,
+    )
+
+
 def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pack(
     tree: Path,
 ) -> None:
@@ -1286,14 +1299,7 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     # and the reference pass), and never beyond it.
     from fanfs.optimizer.budgets import MAX_ROUNDS, ROUND_SLACK
 
-    settings = PlanSettings(
-        read_model=ReadModel(1e-4, 1e9, "given"),
-        seed=1,
-        sample_bytes=1 << 20,
-        time_budget_s=None,
-        mode="prefetch",
-        target_files_per_s=10.0,
-    )
+    settings = _slow_pack_settings()
     plan = _make_plan(tree, settings, _slow_measure)
     sample = plan_record(plan)["sample"]
     budget, predicted = plan.cost.budget_s, plan.cost.predicted_pack_s
@@ -1433,14 +1439,7 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
     monkeypatch.setattr(budgets, "_budget_rounds", rounds)
     monkeypatch.setattr(budgets, "_confirm_rounds", confirm_rounds)
     monkeypatch.setattr(budgets, "_solid_classes", solid_classes)
-    settings = PlanSettings(
-        read_model=ReadModel(1e-4, 1e9, "given"),
-        seed=1,
-        sample_bytes=1 << 20,
-        time_budget_s=None,
-        mode="prefetch",
-        target_files_per_s=10.0,
-    )
+    settings = _slow_pack_settings()
     plan = make_plan(
         walk_tree(str(tree)),
         settings,
