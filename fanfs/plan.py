@@ -403,7 +403,7 @@ def _share_ceiling(share: float, predicted_pack_s: float) -> str:
     if math.isinf(ceiling):
         return ""
     words = ", and measuring after its rounds stops at %g%% of the pack time with the plan"
-    return words % (100 * share) + " (%.1f s)" % ceiling
+    return words % (100 * share) + " (%.1f s, as last predicted)" % ceiling
 
 
 def realised_table(record: dict[str, Any]) -> str:

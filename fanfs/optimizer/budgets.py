@@ -316,13 +316,14 @@ def make_plan(
             _within_share(settings, cost, solid_s),
         )
         profiles, selection, budget = reselect()
-        solid_s = 0.0
+    # The capacity-leaning modes' solid blocks come after confirming: their seconds are kept.
+    keep = solid_s if solid is None else 0.0
     profiles, selection, budget = _confirm_rounds(
         classes,
         settings.candidates,
         cost,
         measure_fn,
-        _within_share(settings, cost, cost.budget_s * CONFIRM_SHARE / codecs_share, solid_s),
+        _within_share(settings, cost, cost.budget_s * CONFIRM_SHARE / codecs_share, keep),
         (profiles, selection, budget),
         reselect,
     )
@@ -393,7 +394,7 @@ def _within_share(
         return seconds
     spent = cost.sample_s + cost.reference_s + cost.measure_s
     left = plan_ceiling_s(settings.plan_share, cost.predicted_pack_s) - spent
-    return max(min(seconds, left - min(keep, max(left, 0.0))), 0.0)
+    return max(min(seconds, left - keep), 0.0)
 
 
 def plan_ceiling_s(plan_share: float, predicted_pack_s: float) -> float:

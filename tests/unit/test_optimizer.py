@@ -1471,7 +1471,7 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
     assert line.endswith(
         "the pack is predicted to take %.1f s on 1 jobs: the budget aims at 25%% of it "
         "(%.1f s) for all three, and measuring after its rounds stops at 25%% of the pack "
-        "time with the plan (%.1f s)" % (predicted, predicted / 4, predicted / 3)
+        "time with the plan (%.1f s, as last predicted)" % (predicted, predicted / 4, predicted / 3)
     )
 
 
