@@ -44,38 +44,54 @@ def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) 
     Dynamic programming over Pareto frontiers: after each group, keep only the (weight, value)
     totals not dominated by another total that is lighter and no worse; any optimal solution
     passes through such states, so the result is optimal. Totals that cannot fit even with
-    the lightest remaining options are dropped. Ties go to the lower total weight, then to the
-    earlier options. Should a frontier exceed MAX_FRONTIER states, states whose values agree
-    within a factor 1 + delta keep only the lightest, and the result is within 1 + TRIM_GAP.
+    the lightest remaining options are dropped, and so are those that cannot beat a choice
+    found greedily (`_incumbent`) even with the smallest remaining values. Ties go to the
+    lower total weight, then to the earlier options. Should a frontier exceed MAX_FRONTIER
+    states, states whose values agree within a factor 1 + delta keep only the lightest, and
+    the result is within 1 + TRIM_GAP.
+
+    Each option extends the frontier (sorted by weight) into a run sorted by weight, so one
+    stable sort merges them; only totals of equal weight need the full order. The real
+    dataset's plans solve about 130 knapsacks of 33 groups and 4-5 options each (frontiers
+    of up to 9,000 states): 50-70 ms each with a four-key sort of every total and no bound
+    on the value, 15% of a plan's wall time outside its measuring; about 7 ms now.
     """
     k = len(options)
     tol = 1e-9 * max(abs(budget), 1.0)
-    min_w = [min(w for w, _ in group) for group in options]
-    rest = (
-        np.concatenate([np.cumsum(np.array(min_w[::-1], dtype=np.float64))[::-1], [0.0]])
-        if k
-        else np.zeros(1)
-    )
+    limit = budget + tol
+    rest_w = _suffix_sums([min(w for w, _ in group) for group in options])
+    rest_v = _suffix_sums([min(v for _, v in group) for group in options])
+    bound = _incumbent(options, budget)
+    bound += 1e-9 * max(abs(bound), 1.0)  # (sums in another order round otherwise)
     weights, values = np.zeros(1), np.zeros(1)
     back: list[tuple[np.ndarray, np.ndarray]] = []
     delta = (1 + TRIM_GAP) ** (1 / max(k, 1)) - 1
     exact = True
     for g, group in enumerate(options):
-        gw = np.array([w for w, _ in group], dtype=np.float64)
-        gv = np.array([v for _, v in group], dtype=np.float64)
-        w = (weights[:, None] + gw[None, :]).ravel()
-        v = (values[:, None] + gv[None, :]).ravel()
-        parent = np.repeat(np.arange(len(weights)), len(group))
-        opt = np.tile(np.arange(len(group)), len(weights))
-        ok = w + rest[g + 1] <= budget + tol
-        w, v, parent, opt = w[ok], v[ok], parent[ok], opt[ok]
-        if not len(w):
+        f = len(weights)
+        runs_w, runs_v, runs_code = [], [], []
+        for j, (ow, ov) in enumerate(group):
+            # The frontier's weights rise and its values fall: what fits is a prefix, what
+            # can beat the bound a suffix.
+            w = weights + ow
+            v = values + ov
+            hi = int(np.searchsorted(w + rest_w[g + 1], limit, side="right"))
+            lo = int(np.searchsorted(-(v + rest_v[g + 1]), -bound, side="left"))
+            if lo < hi:
+                runs_w.append(w[lo:hi])
+                runs_v.append(v[lo:hi])
+                runs_code.append(np.arange(j * f + lo, j * f + hi))
+        if not runs_w:
             return None
-        order = np.lexsort((opt, parent, v, w))  # by weight, then value, then first option
-        w, v, parent, opt = w[order], v[order], parent[order], opt[order]
-        best_before = np.minimum.accumulate(np.concatenate([[np.inf], v[:-1]]))
-        keep = v < best_before
-        w, v, parent, opt = w[keep], v[keep], parent[keep], opt[keep]
+        w, v, code = np.concatenate(runs_w), np.concatenate(runs_v), np.concatenate(runs_code)
+        order = np.argsort(w, kind="stable")
+        if len(w) > 1 and (np.diff(w[order]) == 0).any():
+            order = np.lexsort((code // f, code % f, v, w))  # by weight, value, first option
+        w, v, code = w[order], v[order], code[order]
+        keep = np.empty(len(v), dtype=bool)
+        keep[0] = True
+        np.less(v[1:], np.minimum.accumulate(v)[:-1], out=keep[1:])
+        w, v, parent, opt = w[keep], v[keep], code[keep] % f, code[keep] // f
         if len(w) > MAX_FRONTIER:
             exact = False
             w, v, parent, opt = _trim(w, v, parent, opt, delta)
@@ -90,6 +106,51 @@ def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) 
     total_w = sum(options[g][c][0] for g, c in enumerate(choice))
     total_v = sum(options[g][c][1] for g, c in enumerate(choice))
     return Solution(tuple(choice), total_w, total_v, exact, 0.0 if exact else TRIM_GAP)
+
+
+def _suffix_sums(xs: Sequence[float]) -> np.ndarray:
+    """Sums of xs[g:] for g = 0..len(xs)."""
+    out = np.zeros(len(xs) + 1)
+    out[:-1] = np.cumsum(np.array(xs[::-1], dtype=np.float64))[::-1]
+    return out
+
+
+def _incumbent(options: Sequence[Sequence[tuple[float, float]]], budget: float) -> float:
+    """The total value of a choice within `budget`, found greedily (inf if none is found):
+    every group's lightest option, then the steps along each group's lower convex hull of
+    (weight, value), steepest saving per weight first, each taken if it still fits."""
+    total_w = total_v = 0.0
+    steps: list[tuple[float, int, float, float]] = []
+    for g, group in enumerate(options):
+        hull: list[tuple[float, float]] = []
+        for w, v in sorted(group):
+            if hull and v >= hull[-1][1]:
+                continue  # no lighter than the last, and no better
+            while len(hull) >= 2 and _turns_up(hull[-2], hull[-1], (w, v)):
+                hull.pop()
+            hull.append((w, v))
+        total_w += hull[0][0]
+        total_v += hull[0][1]
+        for (w0, v0), (w1, v1) in itertools.pairwise(hull):
+            saving = (v0 - v1) / (w1 - w0)  # (the weights rise along the hull)
+            steps.append((saving, g, w1 - w0, v0 - v1))
+    if total_w > budget:
+        return math.inf
+    stopped: set[int] = set()  # groups whose next step did not fit: their later ones neither
+    for _, g, dw, dv in sorted(steps, key=lambda s: -s[0]):
+        if g in stopped:
+            continue
+        if total_w + dw <= budget:
+            total_w += dw
+            total_v -= dv
+        else:
+            stopped.add(g)
+    return total_v
+
+
+def _turns_up(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> bool:
+    """Whether b lies on or above the segment from a to c (so is not on the lower hull)."""
+    return (b[1] - a[1]) * (c[0] - a[0]) >= (c[1] - a[1]) * (b[0] - a[0])
 
 
 def _trim(

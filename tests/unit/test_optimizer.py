@@ -111,6 +111,42 @@ def test_knapsack_is_optimal_with_integer_ties() -> None:
             assert sol.weight <= budget
 
 
+def _by_capacity(options: Sequence[Sequence[tuple[int, float]]], budget: int) -> float:
+    """The optimum of integer weights by the textbook table over capacities 0..budget."""
+    best = [0.0] * (budget + 1)
+    for group in options:
+        best = [
+            min((best[c - w] + v for w, v in group if w <= c), default=math.inf)
+            for c in range(budget + 1)
+        ]
+    return best[budget]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_knapsack_is_optimal_on_many_groups(seed: int) -> None:
+    # Frontiers of thousands of states, where the bound from the greedy choice prunes most
+    # of them: the optimum must be the table's, to the last digit.
+    rng = random.Random(seed)
+    options = [
+        [
+            (rng.randint(0, 12), rng.choice([rng.uniform(0, 1e6), float(rng.randint(0, 9))]))
+            for _ in range(rng.randint(1, 7))
+        ]
+        for _ in range(rng.randint(20, 40))
+    ]
+    budget = rng.randint(0, 6 * len(options))
+    expected = _by_capacity(options, budget)
+    sol = solve_mckp(options, budget)
+    if expected == math.inf:
+        assert sol is None
+        return
+    assert sol is not None and sol.exact
+    assert sum(options[g][c][0] for g, c in enumerate(sol.choice)) <= budget
+    assert sum(options[g][c][1] for g, c in enumerate(sol.choice)) == pytest.approx(
+        expected, rel=1e-12, abs=1e-9
+    )
+
+
 def test_knapsack_beats_greedy() -> None:
     # Greedy by best value per weight takes group 0's big saving first and then cannot
     # afford group 1's; the optimum spends the budget the other way round.
