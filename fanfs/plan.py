@@ -379,14 +379,15 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if smp.get("predicted_pack_s") is not None:
         out.append(
             "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass, %.1f s of "
-            "measurement (CPU) within a budget of %.1f s%s; the pack is predicted to take "
-            "%.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all three%s"
+            "measurement (CPU) within a budget of %.1f s%s%s; the pack is predicted to "
+            "take %.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all%s"
             % (
                 smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
                 smp["measure_s"],
                 s["time_budget_s"],
                 " set in %d rounds" % smp["rounds"] if smp.get("rounds", 1) > 1 else "",
+                ", %.1f s besides (the selections)" % smp["other_s"] if "other_s" in smp else "",
                 smp["predicted_pack_s"],
                 s["jobs"],
                 100 * s["plan_share"],

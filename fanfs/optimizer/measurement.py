@@ -580,6 +580,22 @@ class PlanCost:
     # and each class's cost of serving raw chunks (`raw_serving`)
     penalties: dict[tuple[str, int], float] = field(default_factory=dict)
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # With real measurements, the plan's start (`time.perf_counter`), and the wall seconds
+    # it took besides what is counted above (the selections, splitting the sample, the
+    # host's other work between measurements) as of the last `note_other`. Injected
+    # measurements count none, so that their plans stay exactly reproducible.
+    started: float | None = None
+    other_s: float = 0.0
+
+    def counted_s(self) -> float:
+        """The seconds counted so far: the sample, the reference pass, the measuring."""
+        return self.sample_s + self.reference_s + self.measure_s
+
+    def note_other(self) -> float:
+        """`other_s` as of now: the plan's wall time so far less what it counted."""
+        if self.started is not None:
+            self.other_s = max(time.perf_counter() - self.started - self.counted_s(), 0.0)
+        return self.other_s
 
 
 def profile(

@@ -1506,9 +1506,56 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
     (line,) = [line for line in summary_lines(plan_record(plan)) if line.startswith("plan cost")]
     assert line.endswith(
         "the pack is predicted to take %.1f s on 1 jobs: the budget aims at 25%% of it "
-        "(%.1f s) for all three, and measuring after its rounds stops at 25%% of the pack "
+        "(%.1f s) for all, and measuring after its rounds stops at 25%% of the pack "
         "time with the plan (%.1f s, as last predicted)" % (predicted, predicted / 4, predicted / 3)
     )
+
+
+def test_the_share_counts_the_wall_time_the_plan_did_not_measure() -> None:
+    # A plan 10 s into its wall time that counted 5 s (the sample, the reference pass, the
+    # measuring) spent 5 s besides, its selections: both the measuring budget and the
+    # measuring after the rounds take them off. Injected measurements count none.
+    import time
+
+    from fanfs.optimizer import budgets
+
+    settings = _slow_pack_settings()
+    for started, other in ((time.perf_counter() - 10.0, 5.0), (None, 0.0)):
+        cost = PlanCost(None, measure_s=3.0, reference_s=1.0, sample_s=1.0, started=started)
+        cost.predicted_pack_s = 36.0  # the plan may take 12 s, itself included
+        assert budgets._measuring_budget(settings, cost, 40.0, 1.0) == pytest.approx(
+            10.0 - 2.0 - other, abs=0.1
+        )
+        assert budgets._within_share(settings, cost, 100.0) == pytest.approx(7.0 - other, abs=0.1)
+        assert cost.other_s == pytest.approx(other, abs=0.1)
+
+
+def test_a_plan_reports_its_wall_time_besides_measuring(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Measured for real, with each selection slowed by 50 ms: the plan counts those seconds
+    # besides its measuring, and what it counts is its wall time.
+    import time
+
+    from fanfs.optimizer import budgets
+    from fanfs.plan import summary_lines
+
+    real_select = budgets.select
+    calls = []
+
+    def slow_select(*args: Any) -> Any:
+        calls.append(1)
+        time.sleep(0.05)
+        return real_select(*args)
+
+    monkeypatch.setattr(budgets, "select", slow_select)
+    settings = dataclasses.replace(_slow_pack_settings(), read_model=None)
+    plan = _make_plan(tree, settings, measure, read_unit)
+    assert calls
+    assert plan.cost.other_s >= 0.05 * len(calls)
+    assert plan.cost.counted_s() + plan.cost.other_s == pytest.approx(plan.elapsed_s, abs=0.01)
+    (line,) = [line for line in summary_lines(plan_record(plan)) if line.startswith("plan cost")]
+    assert ", %.1f s besides (the selections);" % plan.cost.other_s in line
 
 
 def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: Path) -> None:
