@@ -26,7 +26,11 @@ the host's drift and the mount's own costs leave alone. With
 `--epoch`, each of those packs is also read whole once in a shuffled order across all classes
 (read-ahead off, then on), as a training epoch reads it, against the plan's epoch; and when
 the default system is built too, against the default pack's own epochs (`--epoch-repeats`
-rounds, in turn): what the balanced mode promises, measured without the plan's model.
+rounds, in turn): what the balanced mode promises, measured without the plan's model; and
+each class's decode within such epochs (read-ahead off, the daemon's decode time read after
+each file and charged to its class; `--epoch-repeats` of them, each pack's in turn with the
+default pack's): the plan's prediction in the scenario it models, cold caches between one
+file of a class and the next.
 
 Systems:
 - default: `fanfs pack` (zstd:3)
@@ -486,6 +490,111 @@ def shuffled_epoch(
     return _decode_ns(log_path) / 1e9
 
 
+def shuffled_epoch_per_class(
+    pack: Path, tree: Path, plan: dict[str, Any], work: Path, seed: int = 1
+) -> dict[str, float]:
+    """Decode seconds per class within one shuffled epoch (`shuffled_epoch`'s order) through a
+    fresh mount with read-ahead off: the daemon's `decode_ns` read after each file and charged
+    to the file's class. The scenario the plan predicts, one class at a time: its cold
+    penalties are paid between files of other classes, where `decode_through_mount` reads a
+    class alone and its dictionary and tables stay in the caches from one file to the next. A
+    solid block is decoded once, charged to the member read first (its other members are
+    pushed into the page cache; the plan's "walk")."""
+    members = class_members(tree, [row["class"] for row in plan["classes"]])
+    owner = {rel: cls for cls, rels in members.items() for rel in rels}
+    files = sorted(owner)
+    random.Random(seed).shuffle(files)
+    mnt = work / "mnt"
+    out = dict.fromkeys(members, 0.0)
+    with bench_codecs.mounted(pack, mnt, prefetch=False):
+        for rel in files:
+            os.stat(os.path.join(bytes(mnt), rel))
+        last = read_stats(str(mnt))["decode_ns"]
+        for rel in files:
+            bench_codecs.read_and_drop(os.path.join(bytes(mnt), rel))
+            now = read_stats(str(mnt))["decode_ns"]
+            out[owner[rel]] += (now - last) / 1e9
+            last = now
+    return out
+
+
+def epoch_per_class(
+    results: dict[str, dict[str, Any]], name: str, tree: Path, work: Path, repeats: int
+) -> None:
+    """Each class's decode within shuffled epochs (`shuffled_epoch_per_class`) of the pack
+    `name`, and of the default (zstd:3) pack in turn if there is one, `repeats` times; the
+    medians against the plan's prediction, and against the default's (the plan's ratio to its
+    zstd:3 estimate: the host's drift cancels)."""
+    plan = results[name]["inspect"]["plan"]
+    packs = {name: Path(results[name]["path"])}
+    if results.get("default", {}).get("path"):
+        packs["default"] = Path(results["default"]["path"])
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in packs}
+    for _ in range(repeats):
+        for n, path in packs.items():
+            log("shuffled epoch per class: %s", n)
+            runs[n].append(shuffled_epoch_per_class(path, tree, plan, work))
+    got = {
+        n: {cls: statistics.median(r[cls] for r in rs) for cls in rs[0]} for n, rs in runs.items()
+    }
+    results[name]["epoch_per_class"] = got
+    print("\n### %s: decode per class within a shuffled epoch, through the mount\n" % name)
+    print(
+        "Every file once in one seeded random order, read-ahead off, the daemon's decode time "
+        "charged to each file's class; medians of %d epochs%s. Predicted: the plan's decode "
+        "for the class (a solid class's blocks each decoded once).\n"
+        % (repeats, ", each pack's in turn with the default pack's" if "default" in got else "")
+    )
+    print(
+        "| class | codec | predicted s | measured s | measured / predicted "
+        "| predicted / zstd:3 | measured / default | ratio / ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    counts = {"hits": 0, "under": 0, "total": 0, "d_hits": 0, "d_under": 0, "d_total": 0}
+    total_p = total_m = 0.0
+    for row in plan["classes"]:
+        cls = row["class"]
+        if not row["decode_s"] or cls not in got[name]:
+            continue
+        p, m = predicted_decode(row), got[name][cls]
+        total_p, total_m = total_p + p, total_m + m
+        counts["hits"] += 0.75 <= m / p <= 1.25
+        counts["under"] += m / p <= 1.25
+        counts["total"] += 1
+        cells = ["-", "-", "-"]
+        ref = [
+            c["decode_s"] for c in row["candidates"] if c["codec"] == "zstd:3" and not c["solid"]
+        ]
+        default = got.get("default", {}).get(cls, 0.0)
+        if ref and ref[0] and default > 0:
+            ratio = m / default / (p / ref[0])
+            cells = ["%.2f" % (p / ref[0]), "%.2f" % (m / default), "%.2f" % ratio]
+            counts["d_hits"] += 0.75 <= ratio <= 1.25
+            counts["d_under"] += ratio <= 1.25
+            counts["d_total"] += 1
+        print(
+            "| %s | %s | %.3f | %.3f | %.2f | %s |"
+            % (
+                cls,
+                row["codec"] + ("+solid" if row.get("solid") else ""),
+                p,
+                m,
+                m / p,
+                " | ".join(cells),
+            )
+        )
+    print("| all | | %.3f | %.3f | %.2f | | | |" % (total_p, total_m, total_m / total_p))
+    print(
+        "\nWithin 25%% of the prediction: %d of %d classes, at most 25%% over it in %d."
+        % (counts["hits"], counts["total"], counts["under"])
+    )
+    if counts["d_total"]:
+        print(
+            "Against the default pack: within 25%% of the predicted ratio in %d of %d classes, "
+            "at most 25%% over it in %d." % (counts["d_hits"], counts["d_total"], counts["d_under"])
+        )
+
+
 def against_default(
     results: dict[str, dict[str, Any]], names: list[str], tree: Path, work: Path, repeats: int
 ) -> None:
@@ -664,7 +773,8 @@ def main() -> int:
         "--epoch",
         action="store_true",
         help="with --per-class: also read each pack's whole dataset once in a shuffled order "
-        "(read-ahead off, then on) and compare its decode with the plan's epoch",
+        "(read-ahead off, then on) and compare its decode with the plan's epoch; and each "
+        "class's decode within such epochs (--epoch-repeats of them)",
     )
     ap.add_argument(
         "--epoch-repeats",
@@ -852,6 +962,8 @@ def main() -> int:
                 )
         if results.get("default", {}).get("path"):
             against_default(results, checked, tree, work, args.epoch_repeats)
+        for n in checked:
+            epoch_per_class(results, n, tree, work, args.epoch_repeats)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     res_path = args.cache / ("results-%s.json" % stamp)
     res_path.write_text(

@@ -382,7 +382,8 @@ def _within_share(
 ) -> float:
     """`seconds` of the measuring that follows the budget's rounds (the solid blocks,
     confirming), cut to what keeps the plan within plan_share of the pack time, the plan
-    included, as the pack is predicted now; `keep` of those left are kept for what comes
+    included (what it counted and its wall time besides, `PlanCost.note_other`), as the
+    pack is predicted now; `keep` of those left are kept for what comes
     after (the capacity-leaning modes' solid blocks, which save more than confirming).
 
     The budget aims at plan_share of the predicted pack without the plan (`_budget_rounds`),

@@ -54,7 +54,8 @@ def solve_mckp(options: Sequence[Sequence[tuple[float, float]]], budget: float) 
     stable sort merges them; only totals of equal weight need the full order. The real
     dataset's plans solve about 130 knapsacks of 33 groups and 4-5 options each (frontiers
     of up to 9,000 states): 50-70 ms each with a four-key sort of every total and no bound
-    on the value, 15% of a plan's wall time outside its measuring; about 7 ms now.
+    on the value, 15% of a plan's wall time outside its measuring; under 3 ms now, with the
+    same choices.
     """
     k = len(options)
     tol = 1e-9 * max(abs(budget), 1.0)
