@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyfuse3
 import pytest
@@ -239,6 +240,37 @@ def test_an_unexpected_exception_is_eio_counted_and_logged_once(
     assert len(bugs) == 1  # once per request kind and exception type
     assert ops.logged_bugs == {("read", RuntimeError)}
     ops.store.reader.close()
+
+
+def test_stats_walk_the_memory_once_a_second_and_count_every_request(
+    ops: Operations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader polling `user.fanfs.stats` once a file gets current counters each time, and
+    the memory figures walked at most once per MEMORY_STATS_S."""
+    import fanfs.operations
+
+    walks: list[int] = []
+    clock = [100.0]
+
+    def memory(pid: int) -> dict[str, int]:
+        walks.append(pid)
+        return {"memory_rss_bytes": len(walks)}
+
+    monkeypatch.setattr(fanfs.operations, "process_tree_memory", memory)
+    monkeypatch.setattr(fanfs.operations.time, "monotonic", lambda: clock[0])
+
+    def poll() -> dict[str, Any]:
+        raw = trio.run(ops.getxattr, pyfuse3.ROOT_INODE, b"user.fanfs.stats")
+        return dict(json.loads(raw))
+
+    first = poll()
+    trio.run(ops.lookup, pyfuse3.ROOT_INODE, b"one.txt")
+    clock[0] += fanfs.operations.MEMORY_STATS_S * 0.9
+    second = poll()
+    assert len(walks) == 1 and second["memory_rss_bytes"] == 1
+    assert second["lookups"] == first["lookups"] + 1
+    clock[0] += fanfs.operations.MEMORY_STATS_S * 0.2
+    assert poll()["memory_rss_bytes"] == 2 and len(walks) == 2
 
 
 def test_stats_are_read_without_stalling_the_process(
