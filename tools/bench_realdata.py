@@ -62,6 +62,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 import _benchlib  # noqa: E402
@@ -494,27 +496,59 @@ def shuffled_epoch_per_class(
     pack: Path, tree: Path, plan: dict[str, Any], work: Path, seed: int = 1
 ) -> dict[str, float]:
     """Decode seconds per class within one shuffled epoch (`shuffled_epoch`'s order) through a
-    fresh mount with read-ahead off: the daemon's `decode_ns` read after each file and charged
-    to the file's class. The scenario the plan predicts, one class at a time: its cold
-    penalties are paid between files of other classes, where `decode_through_mount` reads a
-    class alone and its dictionary and tables stay in the caches from one file to the next. A
-    solid block is decoded once, charged to the member read first (its other members are
-    pushed into the page cache; the plan's "walk")."""
-    members = class_members(tree, [row["class"] for row in plan["classes"]])
+    fresh mount with read-ahead off: the mount's decode trace (FANFS_DECODE_TRACE: each
+    decode's chunk and CPU ns, written at unmount) charged to each chunk's class. The
+    scenario the plan predicts, one class at a time: its cold penalties are paid between
+    files of other classes, where `decode_through_mount` reads a class alone and its
+    dictionary and tables stay in the caches from one file to the next. A solid block is
+    decoded once (its other members are pushed into the page cache; the plan's "walk").
+    Nothing asks the mount anything between reads: a stats request after each file added
+    16% to the epoch's decode, most of it to the classes of small files."""
+    from fanfs.format.reader import PackReader
+    from fanfs.hints import resolve
+    from fanfs.store import DECODE_TRACE_ENV
+
+    classes = [row["class"] for row in plan["classes"]]
+    members = class_members(tree, classes)
     owner = {rel: cls for cls, rels in members.items() for rel in rels}
+    reader = PackReader(str(pack))
+    try:
+        ix = reader.index
+        chunk_class = np.full(int(ix.chunk_count), -1, dtype=np.int64)
+        for rel, cls in owner.items():
+            entry = resolve(ix, b"", rel)
+            if entry >= 0:
+                first = int(ix.first[entry])
+                chunk_class[first : first + int(ix.count[entry])] = classes.index(cls)
+    finally:
+        reader.close()
     files = sorted(owner)
     random.Random(seed).shuffle(files)
     mnt = work / "mnt"
+    prefix = work / "decode-trace"
+    for old in work.glob("decode-trace.*"):
+        old.unlink()
+    os.environ[DECODE_TRACE_ENV] = str(prefix)
+    try:
+        with bench_codecs.mounted(pack, mnt, prefetch=False) as (_, log_path):
+            _read_class(mnt, files)
+    finally:
+        del os.environ[DECODE_TRACE_ENV]
+    deadline = time.monotonic() + 30  # (the traces are written before the last statistics)
+    while time.monotonic() < deadline and "statistics: " not in log_path.read_text():
+        time.sleep(0.1)
     out = dict.fromkeys(members, 0.0)
-    with bench_codecs.mounted(pack, mnt, prefetch=False):
-        for rel in files:
-            os.stat(os.path.join(bytes(mnt), rel))
-        last = read_stats(str(mnt))["decode_ns"]
-        for rel in files:
-            bench_codecs.read_and_drop(os.path.join(bytes(mnt), rel))
-            now = read_stats(str(mnt))["decode_ns"]
-            out[owner[rel]] += (now - last) / 1e9
-            last = now
+    traced = 0
+    for path in work.glob("decode-trace.*"):
+        pairs = np.fromfile(path, dtype=np.int64).reshape(-1, 2)
+        path.unlink()
+        owners = chunk_class[pairs[:, 0]]
+        for k, cls in enumerate(classes):
+            out[cls] += float(pairs[owners == k, 1].sum()) / 1e9
+        traced += int(pairs[:, 1].sum())
+    total = _decode_ns(log_path)
+    if abs(traced - total) > 1e-6 * max(total, 1):
+        raise RuntimeError("decode trace %d ns against decode_ns %d" % (traced, total))
     return out
 
 
@@ -540,8 +574,8 @@ def epoch_per_class(
     results[name]["epoch_per_class"] = got
     print("\n### %s: decode per class within a shuffled epoch, through the mount\n" % name)
     print(
-        "Every file once in one seeded random order, read-ahead off, the daemon's decode time "
-        "charged to each file's class; medians of %d epochs%s. Predicted: the plan's decode "
+        "Every file once in one seeded random order, read-ahead off, the mount's decode trace "
+        "charged to each chunk's class; medians of %d epochs%s. Predicted: the plan's decode "
         "for the class (a solid class's blocks each decoded once).\n"
         % (repeats, ", each pack's in turn with the default pack's" if "default" in got else "")
     )

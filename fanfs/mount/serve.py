@@ -55,6 +55,7 @@ def serve(
     # A second Ctrl-C while unmounting must not turn a clean exit into a crash.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    store.write_decode_trace()
     if slot:
         pyfuse3.close(unmount=False)
         os._exit(0)

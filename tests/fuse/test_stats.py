@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,57 @@ def test_prometheus_output_errors(
     mount: Mount = mount_factory(edge_pack)  # type: ignore[operator]
     result = run_fanfs("stats", *args, mount.mnt)
     assert (result.returncode, result.stderr) == (2, "fanfs stats: error: %s\n" % message)
+
+
+# --- the decode trace (FANFS_DECODE_TRACE) ----------------------------------------------------
+
+
+def test_the_decode_trace_holds_each_decode_of_every_serving_process(
+    edge_tree: Path,
+    edge_pack: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every file read once through two serving processes: the traces hold the chunks of
+    # every file (but for a second name of a hard-linked file, which reads the first's), and
+    # their CPU ns add up to the decode_ns the mount logs at unmount.
+    import ast
+    import os
+    import stat
+
+    import numpy as np
+
+    from tests.conftest import Mount, entry_at, open_reader
+
+    monkeypatch.setenv("FANFS_DECODE_TRACE", str(tmp_path / "trace"))
+    single: list[Path] = []  # regular files with one name
+    # (no object cache: its background fill would decode ahead of the reads)
+    with Mount(edge_pack, tmp_path / "mnt", "--processes", "2", "--cache-memory", "0") as mount:
+        for top, _, names in os.walk(edge_tree):
+            for name in names:
+                path = Path(top, name)
+                st = path.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    rel = path.relative_to(edge_tree)
+                    assert (mount.mnt / rel).read_bytes() == path.read_bytes(), rel
+                    if st.st_nlink == 1:
+                        single.append(rel)
+    (line,) = [line for line in mount.log_text().splitlines() if "statistics: " in line]
+    decode_ns = ast.literal_eval(line.split("statistics: ", 1)[1])["decode_ns"]
+    traces = sorted(tmp_path.glob("trace.*"))
+    assert 1 <= len(traces) <= 2
+    pairs = np.concatenate([np.fromfile(t, dtype=np.int64).reshape(-1, 2) for t in traces])
+    assert int(pairs[:, 1].sum()) == decode_ns > 0
+    reader = open_reader(edge_pack)
+    ix = reader.index
+
+    def stored(cids: Iterable[int]) -> set[tuple[int, int]]:
+        # (a chunk stored once for several files is decoded once: by its stored location)
+        return {(int(ix.chunk_partition[c]), int(ix.chunk_offset[c])) for c in cids}
+
+    decoded = stored(pairs[:, 0].tolist())
+    assert len(single) > 100
+    for rel in single:
+        entry = entry_at(reader, str(rel))
+        first = int(ix.first[entry])
+        assert stored(range(first, first + int(ix.count[entry]))) <= decoded, rel
