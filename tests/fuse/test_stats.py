@@ -195,3 +195,19 @@ def test_the_decode_trace_holds_each_decode_of_every_serving_process(
         entry = entry_at(reader, str(rel))
         first = int(ix.first[entry])
         assert stored(range(first, first + int(ix.count[entry]))) <= decoded, rel
+
+
+def test_a_decode_trace_that_cannot_be_written_does_not_stop_the_unmount(
+    edge_tree: Path, edge_pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import Mount
+
+    prefix = tmp_path / "missing" / "trace"
+    monkeypatch.setenv("FANFS_DECODE_TRACE", str(prefix))
+    with Mount(edge_pack, tmp_path / "mnt", "--cache-memory", "0") as mount:
+        data = (mount.mnt / "sizes" / "text_196625").read_bytes()
+        assert data == (edge_tree / "sizes" / "text_196625").read_bytes()
+    # (leaving the block unmounted, asserting the daemon exited 0 and the mount is gone)
+    log = mount.log_text()
+    assert "decode trace not written: %s." % prefix in log
+    assert "No such file or directory" in log and "unmounted" in log
