@@ -165,7 +165,8 @@ def test_the_decode_trace_holds_each_decode_of_every_serving_process(
 
     monkeypatch.setenv("FANFS_DECODE_TRACE", str(tmp_path / "trace"))
     single: list[Path] = []  # regular files with one name
-    # (no object cache: its background fill would decode ahead of the reads)
+    # (no object cache: its background filler, a process of its own, decodes ahead of the
+    # reads, and neither decode_ns nor the trace counts that)
     with Mount(edge_pack, tmp_path / "mnt", "--processes", "2", "--cache-memory", "0") as mount:
         for top, _, names in os.walk(edge_tree):
             for name in names:
