@@ -305,9 +305,18 @@ def test_chunks_in_the_page_cache_are_decoded_without_a_thread(pack: Path) -> No
         counters = store.shared.counters
         assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
         assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 0)
-        drop_from_page_cache(fd)
-        assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
-        assert (counters[sh.INLINE_DECODES], counters[sh.THREAD_DECODES]) == (1, 1)  # again
+        # Dropped, read again: a worker thread. (Up to three tries: the kernel once had the
+        # pages back between the drop, checked with mincore, and the read, in one CI run of
+        # many; a store that never leaves the trio thread fails all three.)
+        for _ in range(3):
+            inline = counters[sh.INLINE_DECODES]
+            drop_from_page_cache(fd)
+            data = trio.run(partial(store.chunk, whole=True), entry, 0)
+            assert bytes(data) == expected_chunk(rel, 0)
+            if counters[sh.THREAD_DECODES]:
+                break
+            assert counters[sh.INLINE_DECODES] == inline + 1
+        assert counters[sh.THREAD_DECODES] == 1
     finally:
         os.close(fd)
 
