@@ -753,12 +753,15 @@ class ChunkStore:
     def write_decode_trace(self) -> str | None:
         """Write the decode trace (FANFS_DECODE_TRACE) to its prefix + "." + this process's
         pid: native int64 pairs (chunk id, CPU ns). Returns the path, or None untraced or
-        if it could not be written (logged: the unmount goes on)."""
-        if self._trace is None or self._trace_prefix is None:
+        if it could not be written (logged: the unmount goes on). A new file only, not
+        through a symlink: the mount runs as root, and the prefix may name a directory
+        others can write."""
+        if self._trace is None:
             return None
         path = "%s.%d" % (self._trace_prefix, os.getpid())
         try:
-            with open(path, "wb") as f:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
                 self._trace.tofile(f)
         except OSError as exc:
             log.warning("decode trace not written: %s: %s", path, exc.strerror)

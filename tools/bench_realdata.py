@@ -27,9 +27,9 @@ the host's drift and the mount's own costs leave alone. With
 (read-ahead off, then on), as a training epoch reads it, against the plan's epoch; and when
 the default system is built too, against the default pack's own epochs (`--epoch-repeats`
 rounds, in turn): what the balanced mode promises, measured without the plan's model; and
-each class's decode within such epochs (read-ahead off, the daemon's decode time read after
-each file and charged to its class; `--epoch-repeats` of them, each pack's in turn with the
-default pack's): the plan's prediction in the scenario it models, cold caches between one
+each class's decode within such epochs (read-ahead off, the mount's decode trace,
+FANFS_DECODE_TRACE, charged to each chunk's class; `--epoch-repeats` of them, each pack's in
+turn with the default pack's): the plan's prediction in the scenario it models, cold caches between one
 file of a class and the next.
 
 Systems:
@@ -584,12 +584,7 @@ def epoch_per_class(
         "| predicted / zstd:3 | measured / default | ratio / ratio |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    counts = dict.fromkeys(("hits", "under", "total", "a_hits", "a_under"), 0)
-    counts.update(d_hits=0, d_under=0, d_total=0)
-    # The host's speed now against when the plan measured, as the per-class table took it
-    # (its reference pass timed again), if it ran: adjusted = measured x then / now.
-    passes = results[name].get("reference_pass_s")
-    speed = passes["plan"] / passes["now"] if passes and passes["now"] > 0 else None
+    counts = dict.fromkeys(("d_hits", "d_under", "d_total"), 0)
     total_p = total_m = 0.0
     for row in plan["classes"]:
         cls = row["class"]
@@ -597,12 +592,6 @@ def epoch_per_class(
             continue
         p, m = predicted_decode(row), got[name][cls]
         total_p, total_m = total_p + p, total_m + m
-        counts["hits"] += 0.75 <= m / p <= 1.25
-        counts["under"] += m / p <= 1.25
-        counts["total"] += 1
-        if speed is not None:
-            counts["a_hits"] += 0.75 <= m * speed / p <= 1.25
-            counts["a_under"] += m * speed / p <= 1.25
         cells = ["-", "-", "-"]
         ref = [
             c["decode_s"] for c in row["candidates"] if c["codec"] == "zstd:3" and not c["solid"]
@@ -626,17 +615,20 @@ def epoch_per_class(
             )
         )
     print("| all | | %.3f | %.3f | %.2f | | | |" % (total_p, total_m, total_m / total_p))
+    # (`_within` takes each class's measurements by pack name)
+    by_class = {cls: {name: m} for cls, m in got[name].items()}
+    hits, total, _, _, under = _within(plan, by_class, name, 1.0)
+    # The host's speed now against when the plan measured, as the per-class table took it
+    # (its reference pass timed again), if it ran: adjusted = measured x then / now.
+    passes = results[name].get("reference_pass_s")
+    adjusted = ""
+    if passes and passes["now"] > 0:
+        speed = passes["plan"] / passes["now"]
+        a_hits, _, _, _, a_under = _within(plan, by_class, name, speed)
+        adjusted = "; adjusted for the host (x %.2f), %d and %d" % (speed, a_hits, a_under)
     print(
         "\nWithin 25%% of the prediction: %d of %d classes, at most 25%% over it in %d%s."
-        % (
-            counts["hits"],
-            counts["total"],
-            counts["under"],
-            "; adjusted for the host (x %.2f), %d and %d"
-            % (speed, counts["a_hits"], counts["a_under"])
-            if speed is not None
-            else "",
-        )
+        % (hits, total, under, adjusted)
     )
     if counts["d_total"]:
         print(

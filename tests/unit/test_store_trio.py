@@ -13,6 +13,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -591,3 +592,27 @@ def test_shared_blocks_are_in_memory_before_the_first_publish() -> None:
     blocks = SharedBlocks(processes=2, block_bytes=128 * 1024)
     assert _rss_shmem() - before >= 2 * SHARED_BLOCKS_BYTES
     del blocks
+
+
+def test_a_decode_trace_is_written_only_as_a_new_file(
+    pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FANFS_DECODE_TRACE is written by a mount running as root: never through a symlink
+    someone left at its path, never over an existing file."""
+    monkeypatch.setenv("FANFS_DECODE_TRACE", str(tmp_path / "trace"))
+    reader = open_reader(pack)
+    store = make_store(reader)
+    rel = "d0/f02.bin"
+    entry = entry_at(reader, rel)
+    assert bytes(trio.run(partial(store.chunk, whole=True), entry, 0)) == expected_chunk(rel, 0)
+    path = tmp_path / ("trace.%d" % os.getpid())
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    path.symlink_to(victim)
+    assert store.write_decode_trace() is None
+    assert victim.read_bytes() == b"keep"
+    path.unlink()
+    assert store.write_decode_trace() == str(path)
+    pairs = np.fromfile(path, dtype=np.int64).reshape(-1, 2)
+    assert pairs[:, 0].tolist() == [reader.index.first[entry]] and pairs[0, 1] > 0
+    assert store.write_decode_trace() is None  # (it exists now)
