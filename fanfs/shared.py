@@ -19,6 +19,8 @@ from typing import Final
 
 import numpy as np
 
+from fanfs._memory import populate
+
 COUNTER_NAMES: Final = (
     "reads",
     "read_bytes",
@@ -151,7 +153,7 @@ class SharedBlocks:
         # Populated now, before the fork: a shared mapping's pages are otherwise allocated
         # at their first write, a page fault each in the publishing thread (the real
         # dataset's Ruby docs: publishing a 128 KiB block took 96 us, a third of its
-        # decode; populated, 47 us, the copy itself).
+        # decode; populated, 47 us). Each forked process maps them again (`use_slot`).
         self._map = mmap.mmap(
             -1,
             self._data_off + count * self.slot_bytes,
@@ -166,8 +168,12 @@ class SharedBlocks:
         self._own = 0
 
     def use_slot(self, slot: int) -> None:
-        """Make this process publish in segment `slot` (its counter row's)."""
+        """Make this process publish in segment `slot` (its counter row's), and map the
+        segments into its page tables, writable: a forked process inherits none of a shared
+        mapping's, and each page of its first blocks would fault in as they are written
+        (MAP_POPULATE populated only the process that created the mapping)."""
         self._own = slot
+        populate(self._map, 0, len(self._map), write=True)
 
     def _slot(self, segment: int, key: tuple[int, ...]) -> int:
         return segment * self.slots + hash(key) % self.slots

@@ -819,7 +819,10 @@ class ChunkStore:
         self, cid: int, stored: bytes | memoryview, key: tuple[int, ...]
     ) -> tuple[bytes, int]:
         """Verify and decode a solid block, keep it and publish it to the other processes;
-        returns it and the CPU ns all that took."""
+        returns it and the CPU ns verifying and decoding it took (what `decode_ns` counts, as
+        for any chunk, and what the plan predicts). Keeping and publishing it are copies of
+        the block, about 8 us for 128 KiB, not decoding: timed with them, the real dataset's
+        PNG blocks decoded 1.15x the plan's prediction in a shuffled epoch, 1.01x without."""
         index = self.index
         start = _cpu_ns()
         if chunk_crc(stored, cid, self._crc_binds) != index.chunk_crc32[cid]:
@@ -832,10 +835,11 @@ class ChunkStore:
                 self.reader.dictionary(index.chunk_dict[cid]),
             )
         )
+        ns = _cpu_ns() - start
         self._solid.put(key, block)
         if self.shared.blocks is not None:
             self.shared.blocks.publish(key, block)
-        return block, _cpu_ns() - start
+        return block, ns
 
     def _where(self, entry: int, cid: int) -> str:
         index = self.index

@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
+from fanfs._memory import populate
 from fanfs.errors import DecompressionError, PackFormatError
 from fanfs.format.index import Index
 from fanfs.format.layout import (
@@ -84,6 +85,7 @@ class PackReader:
         self._fds: list[int] = []
         # Per partition: a view of its copy in shared memory, or None (read with pread).
         self._memory: list[memoryview | None] = [None] * len(self.partitions)
+        self._memory_at = [0] * len(self.partitions)  # (offsets in `_region`)
         self._region: mmap.mmap | None = None
         # Reads that never wait for the disk (RWF_NOWAIT, Linux 4.14): off where the pack's
         # filesystem refuses them (tests turn them off to model a cold disk).
@@ -155,8 +157,17 @@ class PackReader:
         start = 0
         for number, size in sizes.items():
             self._memory[number] = whole[start : start + size]
+            self._memory_at[number] = start
             start += size
         return total
+
+    def map_copy(self, number: int) -> bool:
+        """Map the copy of partition `number` (reserved, and loaded by now, possibly by another
+        process) into this process's page tables (`populate`), so that serving its chunks
+        does not fault its pages in one by one. False if the kernel did not."""
+        view = self._memory[number]
+        assert view is not None and self._region is not None
+        return populate(self._region, self._memory_at[number], len(view))
 
     def reserved(self, number: int) -> bool:
         return self._memory[number] is not None

@@ -1,5 +1,6 @@
 """Preload: which local partitions are copied into memory at start-up (`--preload`), the
-reservation made before any fork, and the copy itself, in a worker thread.
+reservation made before any fork, the copy itself, in a worker thread of the first serving
+process, and the other serving processes' mapping of each copy once it is complete.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ log = logging.getLogger("fanfs.mount")
 # worker threads). The copies are the daemon's own memory (not page cache the kernel may
 # drop), hence a share that leaves the training job most of the node.
 PRELOAD_MEMORY_SHARE: Final = 0.25
+# How long a serving process first waits before it looks again for partitions the first one
+# has finished copying (`map_preloaded`); each wait doubles, up to MAP_POLL_MAX_S.
+MAP_POLL_S: Final = 0.05
+MAP_POLL_MAX_S: Final = 2.0
 
 
 def preload_partitions(reader: PackReader, config: MountConfig, available: int) -> list[int]:
@@ -77,3 +82,25 @@ async def run_preload(store: Any) -> None:
         log.warning("preloading partitions failed (%s); serving from the pack", exc)
     finally:
         stop.set()
+
+
+async def map_preloaded(store: Any) -> None:
+    """In a serving process other than the first: map each preloaded partition's copy into
+    this process's page tables (`PackReader.map_copy`) once the first process has marked it
+    resident, so that its chunks are served without faulting their pages in. A raw chunk is
+    served by its checksum alone, and faulting its pages in cost about as much again: the
+    real dataset's WebP wallpapers, stored raw, decoded 1.3-1.5x what the plan predicted."""
+    import trio
+
+    reader, resident = store.reader, store.shared.resident
+    pending = [n for n in range(len(resident)) if reader.reserved(n)]
+    wait = MAP_POLL_S
+    while pending:
+        for number in [n for n in pending if resident[n]]:
+            pending.remove(number)
+            if not await trio.to_thread.run_sync(reader.map_copy, number):
+                log.debug("partition copies are mapped at their first touch (madvise refused)")
+                return
+        if pending:
+            await trio.sleep(wait)
+            wait = min(2 * wait, MAP_POLL_MAX_S)

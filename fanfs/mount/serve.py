@@ -17,7 +17,7 @@ from fanfs.format.reader import PackReader
 from fanfs.mount.family import Family, fork_filler, fork_servers, serving_processes, watch_family
 from fanfs.mount.kernel import check_initialized, mount_kernel, nonblocking_session, tune_read_ahead
 from fanfs.mount.options import MountConfig, hints_socket_path
-from fanfs.mount.preload import reserve_preload, run_preload
+from fanfs.mount.preload import map_preloaded, reserve_preload, run_preload
 from fanfs.mount.signals import enable_faulthandler, handle_signals, remember_signal
 from fanfs.shared import SharedState
 
@@ -197,7 +197,7 @@ def serve_until_unmounted(
             family.filler = fork_filler(
                 pyfuse3, store, ops.info.processes, push=config.prefetch_into == "kernel"
             )
-        trio.run(_main, pyfuse3, ops, config, preload and slot == 0, slot == 0, cluster, family)
+        trio.run(_main, pyfuse3, ops, config, preload, slot == 0, cluster, family)
         check_initialized(pyfuse3, ops, config)
     except FanfsError:
         raise
@@ -233,7 +233,9 @@ async def _main(
         if first:
             nursery.start_soon(tune_read_ahead, config.mountpoint)
         if preload:
-            nursery.start_soon(run_preload, store)
+            # The first process copies the partitions in; the others map each copy once
+            # it is complete (a forked process has none of a shared mapping's pages mapped).
+            nursery.start_soon(run_preload if first else map_preloaded, store)
         if config.prefetch:
             _start_prefetcher(nursery, pyfuse3, ops, config, first)
         elif config.prefetch_into == "kernel" and ops.store.index.arrays["bsize"].any():
