@@ -591,10 +591,12 @@ class PlanCost:
         """The seconds counted so far: the sample, the reference pass, the measuring."""
         return self.sample_s + self.reference_s + self.measure_s
 
-    def note_other(self) -> float:
-        """`other_s` as of now: the plan's wall time so far less what it counted."""
+    def note_other(self, now: float | None = None) -> float:
+        """`other_s` as of `now` (perf_counter; None: now): the plan's wall time so far less
+        what it counted."""
         if self.started is not None:
-            self.other_s = max(time.perf_counter() - self.started - self.counted_s(), 0.0)
+            at = time.perf_counter() if now is None else now
+            self.other_s = max(at - self.started - self.counted_s(), 0.0)
         return self.other_s
 
 

@@ -1987,6 +1987,54 @@ def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node()
     assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
 
 
+def _solid_confirm_case(seconds: float) -> tuple[Any, Any, float, PlanCost]:
+    """`_tiny_files` chosen in solid blocks on its four runs, whose blocks decode in 80 us
+    (64 us a block and 1 ns a byte), then its blocks measured again on 12 more runs, whose
+    blocks decode in 208 us, within `seconds`. Returns the fit before and after, the seconds
+    spent and the plan's cost."""
+    from fanfs.optimizer.budgets import SolidOptions, _confirm_solid, _measure_balanced_solid
+
+    cls, prof = _tiny_files()
+    cls.more_runs = [[b"z" * 1000] * 16] * 12
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        raw = sum(len(u) for u in units)
+        fixed = sum(192e-6 if u[:1] == b"z" else 64e-6 for u in units)
+        dense = 0.8 if cand.spec.level >= 19 else 1.0
+        stored = sum(int(len(u) / 2 * dense / (1.5 if len(u) > 2048 else 1)) for u in units)
+        return Measurement(len(units), raw, stored, fixed + raw * 1e-9, raw * 1e-9)
+
+    solid = SolidOptions(1)
+    first = select([prof], Objective("balanced", 0.030))
+    _measure_balanced_solid([cls], [prof], first, 16384, 1 << 30, fn, PlanCost(None), solid)
+    selection = select(solid.options([prof]), Objective("balanced", 0.030))
+    [est] = selection.choices
+    assert est.solid and est.candidate == ZSTD19
+    before = solid.fits[(cls.name, ZSTD19)]
+    cost = PlanCost(None)
+    spent = _confirm_solid([cls], selection, solid, 16384, fn, cost, seconds)
+    return before, solid.fits[(cls.name, ZSTD19)], spent, cost
+
+
+def test_a_solid_class_s_blocks_are_measured_again_on_more_runs() -> None:
+    """Projected from its 4 blocks, the class's 1 MB of tiny files in 16 KiB blocks decode in
+    5 ms (80 us a 16,000-byte block); its 12 further blocks decode in 208 us each, and the
+    projection from all 16 is 11 ms (176 us a block)."""
+    before, after, spent, cost = _solid_confirm_case(seconds=10.0)
+    assert before.blocks_s == pytest.approx(0.005)
+    assert after.grouped is not None and after.grouped.units == 16
+    assert after.blocks_s == pytest.approx((4 * 80e-6 + 12 * 208e-6) * 1_000_000 / 256_000)
+    assert after.saved == before.saved  # the choice's bytes stay as the first runs measured
+    assert spent > 0 and cost.measure_s == spent
+
+
+def test_a_solid_class_s_blocks_are_not_measured_again_past_the_seconds_left() -> None:
+    before, after, spent, cost = _solid_confirm_case(seconds=0.0)
+    assert after == before and spent == 0 and cost.measure_s == 0
+
+
 def test_on_many_nodes_each_decodes_the_blocks_and_the_class_stays_per_file() -> None:
     """64 nodes reading 1/64 of the files each: a node meets a block's 16 files with
     probability 1 - (63/64)^16, so a block is decoded 14.2 times an epoch: 71 ms, past the
@@ -2497,10 +2545,16 @@ def test_solid_runs_are_consecutive_small_files_in_walk_order() -> None:
         start = small.index(run[0])
         assert run == small[start : start + len(run)]
         assert sum(len(u) for u in run[:-1]) < 4096  # one block
+    # More runs of the same kind for the decode of a class chosen solid, drawn after them.
+    assert len(cls.more_runs) > len(cls.runs)
+    for run in cls.more_runs:
+        start = small.index(run[0])
+        assert run == small[start : start + len(run)]
+        assert sum(len(u) for u in run[:-1]) < 4096
     [again], _ = sample_classes(files, seed=3, solid_block=4096, **args)
-    assert again.runs == cls.runs
+    assert again.runs == cls.runs and again.more_runs == cls.more_runs
     [plain], _ = sample_classes(files, seed=3, **args)
-    assert plain.runs == [] and plain.units == cls.units
+    assert plain.runs == [] and plain.more_runs == [] and plain.units == cls.units
 
 
 def test_solid_blocks_are_not_measured_past_their_share_of_the_time_budget() -> None:
