@@ -460,18 +460,24 @@ def _solid_blocks(reader: PackReader) -> dict[tuple[int, ...], list[str]]:
     return blocks
 
 
+def _two_processes(reader: PackReader) -> SharedState:
+    """The shared state of a mount of `reader`'s pack served by two processes."""
+    index = reader.index
+    return SharedState(
+        processes=2,
+        partitions=len(reader.partitions),
+        chunks=index.chunk_count,
+        solid_block_bytes=int(index.arrays["bsize"].max()),
+    )
+
+
 def test_a_block_another_process_decoded_is_sliced_from_its_copy(solid_pack: Path) -> None:
     """Serving processes share decoded solid blocks (`SharedBlocks`): a file whose block
     another process decoded reads back from that process's copy with no decode here (counted
     as `solid_shared`); a file of a block no process decoded is decoded."""
     reader = open_reader(solid_pack)
     index = reader.index
-    shared = SharedState(
-        processes=2,
-        partitions=len(reader.partitions),
-        chunks=index.chunk_count,
-        solid_block_bytes=int(index.arrays["bsize"].max()),
-    )
+    shared = _two_processes(reader)
     blocks = list(_solid_blocks(reader).values())
     (one, mate, *_), other = blocks[0], blocks[1]
     first = make_store(reader, shared)
@@ -499,13 +505,7 @@ def test_publishing_a_block_is_not_counted_as_its_decode(
     """`decode_ns` counts a solid block's verifying and decoding, what the plan predicts, not
     keeping and publishing it for the other processes (copies of the block)."""
     reader = open_reader(solid_pack)
-    index = reader.index
-    shared = SharedState(
-        processes=2,
-        partitions=len(reader.partitions),
-        chunks=index.chunk_count,
-        solid_block_bytes=int(index.arrays["bsize"].max()),
-    )
+    shared = _two_processes(reader)
     published = []
 
     def slow_publish(key: tuple[int, ...], block: bytes) -> bool:
