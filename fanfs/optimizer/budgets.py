@@ -330,8 +330,8 @@ def make_plan(
     )
     solid_decode: dict[str, SolidDecode] = {}
     if solid is not None:
-        assert solid_block
-        seconds = _within_share(settings, cost, cost.budget_s * SOLID_SHARE / codecs_share)
+        # (a second SOLID_SHARE at most: the plan's share bounds both)
+        seconds = _within_share(settings, cost, solid_s)
         if _confirm_solid(classes, selection, solid, solid_block, measure_fn, cost, seconds):
             profiles, selection, budget = reselect()
         solid_decode = solid.chosen(profiles, selection)
