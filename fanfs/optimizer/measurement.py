@@ -1112,12 +1112,10 @@ def _paired_decode(
     projection). A dictionary candidate's cold cost is its own (`dictionary_penalty`, added
     in `_project`); here it shares the reference's like the other levels. A candidate of
     the reference's decoder (zstd decodes about as fast at every level) is taken to decode
-    exactly as fast as the reference within SAME_DECODE of it, and when faster unless by
-    WIN_SIGMAS of the ratio's standard errors: the balanced mode's budget is the reference's
-    own decode, and a level faster by noise alone would be let in by chance. A slower ratio
-    is kept, shown or not: the budget is a ceiling, and the real PAM images' zstd:19,
-    1.4x zstd:3 on 4 units (about 1.5 standard errors; 1.35x on 40), taken as 1, decoded
-    1.41x its prediction through the mount."""
+    exactly as fast as the reference unless their ratio differs from 1 by WIN_SIGMAS of its
+    standard errors and by more than SAME_DECODE: the balanced mode's budget is
+    the reference's own decode, and a level that differs by noise alone would otherwise be
+    kept out of it, or let in, by chance."""
     n = len(m.unit_decode)
     if not n:
         return math.nan
@@ -1140,11 +1138,9 @@ def _paired_decode(
     # whose pack then decoded them 1.92x the default pack's; `.so` 1.16-1.30, PAM 1.31-1.45.
     ratio = sum(m.unit_decode) / ref_sum
     error = decode_error(m, ref_units[:n])
-    if error is None or abs(ratio - 1) <= SAME_DECODE:
+    if error is None or abs(ratio - 1) <= max(SAME_DECODE, WIN_SIGMAS * error * ratio):
         return 1.0
-    if ratio < 1 and 1 - ratio <= WIN_SIGMAS * error * ratio:
-        return 1.0  # a speed-up not shown is not credited ...
-    return ratio  # ... a slow-down is kept, shown or not: the budget is a ceiling
+    return ratio
 
 
 def _same_decoder(cand: Candidate, ref: Candidate | None) -> bool:
