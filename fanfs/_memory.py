@@ -43,7 +43,7 @@ def process_tree_memory(pid: int) -> dict[str, int]:
 
 
 # madvise(2) advice that maps a range's pages into this process's page tables now (Linux
-# 5.14; Python's mmap module names neither before 3.13 or so).
+# 5.14; the mmap module of Python 3.11 names neither).
 MADV_POPULATE_READ: Final = 22
 MADV_POPULATE_WRITE: Final = 23
 # One madvise call at most this much: Python's mmap.madvise holds the GIL while the kernel
