@@ -319,13 +319,6 @@ def make_plan(
         profiles, selection, budget = reselect()
     # The capacity-leaning modes' solid blocks come after confirming: their seconds are kept.
     keep = solid_s if solid is None else 0.0
-
-    def room() -> float:
-        # The balanced mode's (its budget is the reference's decode, which the mount is held
-        # to class by class); the capacity-leaning modes' solid blocks after save more, and
-        # a selection that predicts a faster pack would leave them no room.
-        return _decode_room(settings, cost, solid_s) if balanced else 0.0
-
     profiles, selection, budget = _confirm_rounds(
         classes,
         settings.candidates,
@@ -334,7 +327,6 @@ def make_plan(
         _within_share(settings, cost, cost.budget_s * CONFIRM_SHARE / codecs_share, keep),
         (profiles, selection, budget),
         reselect,
-        room,
     )
     solid_decode: dict[str, SolidDecode] = {}
     if solid is not None:
@@ -417,22 +409,6 @@ def _within_share(
     return max(min(seconds, left - keep), 0.0)
 
 
-def _decode_room(settings: PlanSettings, cost: PlanCost, keep: float) -> float:
-    """The seconds the decode estimates may take besides their part of confirming's
-    (`_confirm_rounds`): what is left of plan_share of the pack as now predicted without
-    the plan (what the measuring budget aims at, `_measuring_budget`), `keep` of it kept
-    for what comes after, and within the share's ceiling (`_within_share`); none with a
-    time budget given. Confirming's part alone was 1.2 s of a plan of 46 s on the real
-    dataset, which aimed at 54 s: zstd:19 stayed on 4 units of the PAM and PPM images
-    (read as decoding like zstd:3, and 1.39x it) and decoded 1.41x and 1.31x its
-    projection through the mount (run Z10); on 40 units, 1.42x zstd:3's."""
-    if settings.time_budget_s is not None or cost.predicted_pack_s is None:
-        return 0.0
-    spent = cost.counted_s() + cost.note_other()
-    aim = settings.plan_share * cost.predicted_pack_s - spent - keep
-    return _within_share(settings, cost, max(aim, 0.0), keep)
-
-
 def plan_ceiling_s(plan_share: float, predicted_pack_s: float) -> float:
     """The most a plan may take to stay within `plan_share` of the pack time, itself
     included, when the pack (without the plan) is predicted to take `predicted_pack_s`."""
@@ -452,26 +428,24 @@ def _confirm_rounds(
     seconds: float,
     selected: Selected,
     reselect: Callable[[], Selected],
-    room: Callable[[], float] = lambda: 0.0,
 ) -> Selected:
     """Confirm the selection's choices within `seconds` (`measurement.confirm`) and select
     again (`reselect`), in up to CONFIRM_ROUNDS + 1 rounds: the choices made on fewer than
     CONFIRM_UNITS units first, round after round while selecting again brings new ones;
-    then the decode estimates, with DECODE_CONFIRM_PART of the seconds left or the plan's
-    `room()` if that is more (what the decode estimates take beyond their part is not
-    taken from the rounds after), so that the choices that brings are confirmed too, and
-    again whenever a selection holds a choice whose decode has not been confirmed. The
-    last of those rounds is the decode estimates' if they are due (on the real dataset one
-    class's choices alone, `.syso`'s zstd:6, zstd:12, brotli:9, lzma:6 and brotli:5, each
-    confirmed and dropped in turn, took every round, and no decode estimate was confirmed),
-    and one more confirms the choices that brings on CONFIRM_UNITS (without it, zstd:12
-    stayed chosen for the HTML on 3 units). Confirming
-    both in each round, the decode estimates could take the seconds of the rounds after:
-    plans of the real dataset kept 1-5 classes chosen on 1-3 units (the HTML with brotli:11
-    on one, the PAM images with zstd:15 on one or two). Confirming the decode estimates
-    once, a choice that came after kept its 4 units (the PAM images with brotli:11, 4 units
-    that all decode fast of a class that mostly does not: 2.6-3.0x its projected decode
-    through the mount). Returns the last selection (`selected` if nothing was measured)."""
+    then the decode estimates, with DECODE_CONFIRM_PART of the seconds left, so that the
+    choices that brings are confirmed too, and again whenever a selection holds a choice
+    whose decode has not been confirmed. The last of those rounds is the decode estimates'
+    if they are due (on the real dataset one class's choices alone, `.syso`'s zstd:6,
+    zstd:12, brotli:9, lzma:6 and brotli:5, each confirmed and dropped in turn, took every
+    round, and no decode estimate was confirmed), and one more confirms the choices that
+    brings on CONFIRM_UNITS (without it, zstd:12 stayed chosen for the HTML on 3 units).
+    Confirming both in each round, the decode estimates could take the seconds of the
+    rounds after: plans of the real dataset kept 1-5 classes chosen on 1-3 units (the HTML
+    with brotli:11 on one, the PAM images with zstd:15 on one or two). Confirming the
+    decode estimates once, a choice that came after kept its 4 units (the PAM images with
+    brotli:11, 4 units that all decode fast of a class that mostly does not: 2.6-3.0x its
+    projected decode through the mount). Returns the last selection (`selected` if nothing
+    was measured)."""
     decode_confirmed: set[tuple[str, Candidate]] = set()
     for left in range(CONFIRM_ROUNDS, -1, -1):
         chosen = [e.candidate for e in selected[1].choices]
@@ -479,15 +453,12 @@ def _confirm_rounds(
         choices = {(cls.name, cand) for cls, cand in zip(classes, chosen, strict=True)}
         due = left > 0 and not choices <= decode_confirmed
         measured = 0.0 if left == 1 and due else confirm(*args, seconds, for_decode=False)
-        taken = measured
         if not measured and due:
             decode_confirmed |= choices
-            part = max(seconds, 0.0) * DECODE_CONFIRM_PART
-            measured = confirm(*args, max(part, room()))
-            taken = min(measured, part)  # (the rest came from the plan's room)
+            measured = confirm(*args, seconds * DECODE_CONFIRM_PART)
         if not measured:
             break
-        seconds -= taken
+        seconds -= measured
         selected = reselect()
     return selected
 

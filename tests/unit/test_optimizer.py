@@ -2463,15 +2463,13 @@ def test_a_choice_made_after_the_decode_estimates_has_its_decode_confirmed_too()
     assert [str(e.candidate) for e in sel.choices] == ["zstd:3"]
 
 
-@pytest.mark.parametrize(("room", "last_s"), [(3.0, 5.0), (9.0, 4.0)])
 def test_the_decode_estimates_get_the_round_before_last_when_choices_keep_coming(
-    monkeypatch: pytest.MonkeyPatch, room: float, last_s: float
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every round's choice, confirmed on CONFIRM_UNITS, brings another (on the real
     dataset `.syso`'s zstd:6, zstd:12, brotli:9, lzma:6 and brotli:5 took every round): the
-    round before last confirms the decode estimates instead, with half the seconds left or
-    the plan's room if that is more, and the last confirms the choice that brings. What the
-    decode estimates take beyond their half is not taken from the last round."""
+    round before last confirms the decode estimates instead, with half the seconds left,
+    and the last confirms the choice that brings on CONFIRM_UNITS."""
     import types
 
     from fanfs.optimizer import budgets
@@ -2493,7 +2491,7 @@ def test_the_decode_estimates_get_the_round_before_last_when_choices_keep_coming
     cls = ClassSample("c/*.syso", files=1, total_bytes=1, units=[b"x"])
     first = reselect()
     _, last, _ = budgets._confirm_rounds(
-        [cls], [], PlanCost(0.0), _fake_measure, 10.0, first, reselect, lambda: room
+        [cls], [], PlanCost(0.0), _fake_measure, 10.0, first, reselect
     )
     rounds = budgets.CONFIRM_ROUNDS
     levels_seen = ["zstd:%d" % (k + 1) for k in range(rounds + 1)]
@@ -2502,28 +2500,9 @@ def test_the_decode_estimates_get_the_round_before_last_when_choices_keep_coming
         (levels_seen[rounds], False),
     ]
     left = 10.0 - 0.5 * (rounds - 1)  # 8 s: half of it for the decode estimates
-    assert calls[-2][2] == pytest.approx(max(left / 2, room))
-    assert calls[-1][2] == pytest.approx(last_s)
+    assert calls[-2][2] == pytest.approx(left / 2)
+    assert calls[-1][2] == pytest.approx(left - 0.75 * left / 2)
     assert str(last.choices[0].candidate) == "zstd:%d" % (rounds + 2)
-
-
-def test_the_decode_estimates_room_is_what_the_plan_aims_at_less_what_it_spent() -> None:
-    """The balanced plan's decode estimates may take what is left of plan_share of the pack
-    as predicted (without the plan), the seconds of what comes after kept; none past the
-    ceiling, none once spent, none with a time budget given."""
-    from fanfs.optimizer import budgets
-
-    settings = PlanSettings(time_budget_s=None, jobs=1, plan_share=0.25)
-    cost = PlanCost(None, measure_s=25.0, reference_s=4.0, sample_s=1.0)
-    cost.predicted_pack_s = 200.0  # aims at 50 s; 30 spent, 5 kept
-    assert budgets._decode_room(settings, cost, 5.0) == pytest.approx(15.0)
-    cost.measure_s = 50.0  # 55 spent: nothing left
-    assert budgets._decode_room(settings, cost, 5.0) == 0.0
-    cost.measure_s = 25.0
-    wide = dataclasses.replace(settings, plan_share=0.5)  # aims at 100 s, ceiling 200 s
-    assert budgets._decode_room(wide, cost, 5.0) == pytest.approx(65.0)
-    given = dataclasses.replace(settings, time_budget_s=60.0)
-    assert budgets._decode_room(given, cost, 5.0) == 0.0
 
 
 def test_confirming_more_units_stops_where_its_seconds_end() -> None:
