@@ -2505,6 +2505,33 @@ def test_the_decode_estimates_get_the_round_before_last_when_choices_keep_coming
     assert str(last.choices[0].candidate) == "zstd:%d" % (rounds + 2)
 
 
+@pytest.mark.parametrize(("decode_s", "for_decode"), [(4.0, False), (60.0, True)])
+def test_the_decode_estimates_are_confirmed_only_near_the_budget(
+    monkeypatch: pytest.MonkeyPatch, decode_s: float, for_decode: bool
+) -> None:
+    """A selection that decodes for 4% of its budget (the capacity-leaning plans of the
+    real dataset) has its decode estimates left as they are: they cannot decide it. At
+    60% they are confirmed."""
+    import types
+
+    from fanfs.optimizer import budgets
+
+    calls: list[bool] = []
+
+    def fake_confirm(*args: Any, for_decode: bool = True) -> float:
+        calls.append(for_decode)
+        return 1.0 if for_decode else 0.0
+
+    monkeypatch.setattr(budgets, "confirm", fake_confirm)
+    choice = types.SimpleNamespace(candidate=ZSTD19)
+    selected = ([], types.SimpleNamespace(choices=[choice], decode_s=decode_s), 100.0)
+    cls = ClassSample("c/*.so", files=1, total_bytes=1, units=[b"x"])
+    budgets._confirm_rounds(
+        [cls], [], PlanCost(0.0), _fake_measure, 10.0, selected, lambda: selected
+    )
+    assert calls == ([False, True, False] if for_decode else [False])
+
+
 def test_confirming_more_units_stops_where_its_seconds_end() -> None:
     cls, fn = _timed_units([1e-4, 2e-3] * 20)
     cands = [NONE, REFERENCE, ZSTD19]
