@@ -504,12 +504,21 @@ def shuffled_epoch_per_class(
     decoded once (its other members are pushed into the page cache; the plan's "walk").
     Nothing asks the mount anything between reads: a stats request after each file added
     16% to the epoch's decode, most of it to the classes of small files."""
+    classes = [row["class"] for row in plan["classes"]]
+    return traced_epoch(pack, class_members(tree, classes), work, seed)
+
+
+def traced_epoch(
+    pack: Path, members: dict[str, list[bytes]], work: Path, seed: int = 1
+) -> dict[str, float]:
+    """`shuffled_epoch_per_class` of the files `members` (by class, paths relative to the
+    pack's root): every one read once in one seeded random order through a fresh mount with
+    read-ahead off, the mount's decode trace charged to each chunk's class."""
     from fanfs.format.reader import PackReader
     from fanfs.hints import resolve
     from fanfs.store import DECODE_TRACE_ENV
 
-    classes = [row["class"] for row in plan["classes"]]
-    members = class_members(tree, classes)
+    classes = list(members)
     owner = {rel: cls for cls, rels in members.items() for rel in rels}
     reader = PackReader(str(pack))
     try:
