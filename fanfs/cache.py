@@ -164,6 +164,12 @@ class LruCache:
             self.evictions += 1
         return True
 
+    def discard(self, cid: Hashable) -> None:
+        """Let `cid` go now, if kept (not an eviction)."""
+        data = self._items.pop(cid, None)
+        if data is not None:
+            self._bytes -= len(data)
+
     def statistics(self) -> dict[str, int | str]:
         return {
             "cache_policy": self.policy,

@@ -326,12 +326,15 @@ class Operations(pyfuse3.Operations):
                 return data
             if self.prefetcher is not None:
                 self.prefetcher.push_rest(entry, first, data, off - base, end - base)
+            self.store.used(index.first[entry] + first, off - base, end - base, len(data))
             return memoryview(data)[off - base : end - base]
         parts = []
         for k in range(first, last + 1):
             base = k * cs
             data = await self.store.chunk(entry, k, whole=False)
-            parts.append(memoryview(data)[max(off, base) - base : min(end, base + cs) - base])
+            start, stop = max(off, base) - base, min(end, base + cs) - base
+            self.store.used(index.first[entry] + k, start, stop, len(data))
+            parts.append(memoryview(data)[start:stop])
         return b"".join(parts)
 
     async def flush(self, fh: int) -> None:

@@ -151,6 +151,40 @@ def test_a_small_read_inside_a_file_in_blocks_decodes_one_block(block_pack: Path
     reader.close()
 
 
+def test_the_buffer_lets_a_chunk_go_once_reads_have_had_all_of_it(tmp_path: Path) -> None:
+    # A READ that uses part of a chunk leaves the chunk in the buffer for the READs of the
+    # rest; once they have had every page of it (the kernel's page cache holds them now)
+    # the buffer lets it go, instead of holding it until its budget evicts it.
+    page = os.sysconf("SC_PAGESIZE")
+    chunk = 4 * page
+    data = label_text(3 * chunk + 17, 8)
+    src = write_tree(tmp_path / "src", {"big.bin": data})
+    result = run_fanfs("pack", src, tmp_path / "p.fan", "-q", "--chunk-size", str(chunk))
+    assert result.returncode == 0, result.stderr
+    ops = make_ops(tmp_path / "p.fan")
+    store, counters = ops.store, ops.shared.counters
+    inode = inode_of(ops, "big.bin")
+    first = store.index.first[inode - 1]
+
+    def read(off: int, size: int) -> None:
+        assert bytes(trio.run(ops.read, inode, off, size)) == data[off : off + size]
+
+    read(0, 2 * page)  # half of chunk 0: decoded and kept
+    assert store.buffer.contains(first)
+    read(0, 2 * page)  # the same pages again (the page cache dropped them): they count once
+    read(2 * page + 100, 10)  # a part of a page: it does not count
+    assert store.buffer.contains(first) and counters[sh.BUFFER_HITS] == 2
+    read(2 * page, 2 * page + 10)  # the rest of chunk 0 and the start of chunk 1
+    assert not store.buffer.contains(first) and store.buffer.contains(first + 1)
+    assert store.buffer.statistics()["cache_bytes"] == chunk
+    decoded = counters[sh.BYTES_DECODED]
+    read(0, 10)  # asked again: decoded again
+    assert counters[sh.BYTES_DECODED] - decoded == chunk
+    read(3 * chunk, 17)  # the short last chunk, read whole: never kept
+    assert not store.buffer.contains(first + 3)
+    store.reader.close()
+
+
 def test_getattr_reports_the_source_sizes(ops: Operations) -> None:
     for rel, data in FILES.items():
         attr = trio.run(ops.getattr, inode_of(ops, rel))
