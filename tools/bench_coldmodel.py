@@ -134,16 +134,15 @@ def main() -> int:
             swept = measure_reference(classes, REFERENCE)
             log("round %d: the sample pack's epoch", r + 1)
             mounted = bench_realdata.traced_epoch(sample_pack, sample_members, work, seed=r + 1)
-            got: dict[str, dict[str, float]] = {"truth": truth}
-            for model in MODELS:
-                got[model] = {}
+            got: dict[str, dict[str, float]] = {"truth": truth, **{m: {} for m in MODELS}}
             for cls in classes:
                 m = swept[cls.name]
                 chunks, size = extent[cls.name]
-                got["method"][cls.name] = project_decode(m, size, chunks)[0]
-                hot = m.decode_s / m.cold
-                cold = (mounted[cls.name] - hot) / m.units
-                got["sample mount"][cls.name] = hot * size / m.raw_bytes + cold * chunks
+                # (the method's projection, and the hot part alone; the same units' hot decode)
+                method, hot = project_decode(m, size, chunks)
+                got["method"][cls.name] = method
+                cold = (mounted[cls.name] - m.decode_s / m.cold) / m.units
+                got["sample mount"][cls.name] = hot + cold * chunks
             rounds.append(got)
             within = {
                 model: sum(
