@@ -210,6 +210,15 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "chooses, and its last measurements stop at this share of the whole pack time, the "
         "plan included (default 25%%)",
     )
+    g.add_argument(
+        "--cold-cost",
+        choices=("mount", "method"),
+        default="mount",
+        help="how a decode's cost with cold caches (what a mount pays per file) is measured: "
+        "mount reads the sample through a real mount of it (a few seconds; needs FUSE, else "
+        "the plan says so and uses method), method times decodes after evicting the CPU "
+        "caches (default mount)",
+    )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 

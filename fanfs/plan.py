@@ -145,6 +145,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         plan_share=parse_percent(args.plan_share),
         jobs=getattr(args, "jobs", 0) or os.cpu_count() or 1,
         nodes=_nodes(args.nodes, "capacity" if capacity is not None else mode),
+        cold_model=args.cold_cost,
         seed=args.seed,
         candidates=parse_candidates(args.codecs or DEFAULT_CODECS),
     )
@@ -362,6 +363,9 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         "ratios and speeds measured on this host, one thread"
         % (smp["units"], format_size(smp["bytes"]), smp["seconds"], s["seed"])
     )
+    cold = smp.get("cold")
+    if cold:
+        out.append("cold cost   " + _cold_words(cold))
     walk = smp.get("walk")
     if walk:
         out.append(
@@ -378,12 +382,13 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         )
     if smp.get("predicted_pack_s") is not None:
         out.append(
-            "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass, %.1f s of "
+            "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass%s, %.1f s of "
             "measurement (CPU) within a budget of %.1f s%s%s; the pack is predicted to "
             "take %.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all%s"
             % (
                 smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
+                ", %.1f s its mount" % cold["mount_s"] if cold and cold["mount_s"] else "",
                 smp["measure_s"],
                 s["time_budget_s"],
                 " set in %d rounds" % smp["rounds"] if smp.get("rounds", 1) > 1 else "",
@@ -396,6 +401,18 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             )
         )
     return out
+
+
+def _cold_words(cold: dict[str, Any]) -> str:
+    """The plan table's words for how cold decodes were measured (`budgets._cold_record`)."""
+    method = "timed after evicting the CPU caches"
+    mounted = len(cold["mounted_classes"])
+    if not mounted:
+        return "%s (%s)" % (method, cold["note"]) if cold["note"] else method
+    return (
+        "the sample read through a mount of it, for %d classes (%.1f s); %s for those of "
+        "fewer sample units" % (mounted, cold["mount_s"], method)
+    )
 
 
 def _share_ceiling(share: float, predicted_pack_s: float) -> str:

@@ -19,6 +19,9 @@ from fanfs.errors import MountSetupError
 
 _RUNTIME_ADVICE: Final = "remove it, or set XDG_RUNTIME_DIR"
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# The environment variable that turns on a mount's decode trace (a path prefix:
+# `store.ChunkStore.write_decode_trace`), for benchmarks and the plan's sample mount.
+DECODE_TRACE_ENV: Final = "FANFS_DECODE_TRACE"
 
 
 def runtime_dir() -> str:

@@ -47,6 +47,7 @@ from fanfs.compression import CODEC_NONE, decompress
 from fanfs.errors import ChecksumError, CorruptDataError, FanfsError, KnownCorruptError
 from fanfs.format.layout import chunk_crc
 from fanfs.format.reader import PackReader
+from fanfs.runtime import DECODE_TRACE_ENV
 from fanfs.shared import SharedState
 
 log = logging.getLogger(__name__)
@@ -154,10 +155,6 @@ class _Flight:
         self.error: FanfsError | None = None
         self.prefetch = prefetch
         self.claimed = False  # a reader took a prefetch's data while it was in flight
-
-
-# The environment variable that turns on the decode trace (`ChunkStore.write_decode_trace`).
-DECODE_TRACE_ENV: Final = "FANFS_DECODE_TRACE"
 
 
 class ChunkStore:

@@ -516,7 +516,7 @@ def traced_epoch(
     read-ahead off, the mount's decode trace charged to each chunk's class."""
     from fanfs.format.reader import PackReader
     from fanfs.hints import resolve
-    from fanfs.store import DECODE_TRACE_ENV
+    from fanfs.runtime import DECODE_TRACE_ENV
 
     classes = list(members)
     owner = {rel: cls for cls, rels in members.items() for rel in rels}

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ from fanfs.compression import (
 from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, NONE, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
+from fanfs.optimizer.coldmount import sample_mount
 from fanfs.optimizer.measurement import (
     ClassProfile,
     Estimate,
@@ -73,6 +75,9 @@ class PlanSettings:
     nodes: int = 1  # balanced: nodes that read the dataset each epoch (`node_decodes`)
     # balanced: bytes of small files in solid blocks the page cache is taken to hold
     resident_bytes: int = SOLID_RESIDENT_BYTES
+    # how a decode's cost with cold caches is measured: "mount" (a mount of the sample,
+    # `coldmount.sample_mount`, where FUSE works) or "method" (`measurement.cold_penalty`)
+    cold_model: str = "mount"
     seed: int = 0
     candidates: tuple[Candidate, ...] = field(
         default_factory=lambda: parse_candidates(DEFAULT_CODECS)
@@ -257,6 +262,11 @@ def make_plan(
         spent_out=cost,
         decode_budget_s=budget,
         balanced=balanced,
+        cold_fn=(
+            functools.partial(sample_mount, chunk_size=chunk_size, seed=settings.seed)
+            if settings.cold_model == "mount" and measure_fn is measure
+            else None
+        ),
     )
     objective = Objective(settings.mode, budget, settings.capacity_bytes)
     if balanced:
@@ -659,8 +669,11 @@ def _project_solid(
     small_share = _small_share(cls, block)
     small_bytes = cls.total_bytes * small_share
     scale = small_bytes / max(alone.raw_bytes, 1)
-    alone_s, _ = project_decode(alone, small_bytes, _small_files(cls, block))
-    blocks_s, blocks_warm_s = project_decode(grouped, small_bytes, max(small_bytes / block, 1.0))
+    shift = cost.shifts.get(cls.name, 0.0)
+    alone_s, _ = project_decode(alone, small_bytes, _small_files(cls, block), shift)
+    blocks_s, blocks_warm_s = project_decode(
+        grouped, small_bytes, max(small_bytes / block, 1.0), shift
+    )
     sampled = cls.measure_units
     fit = SolidFit(
         (alone.stored_bytes - grouped.stored_bytes) * scale,
@@ -732,7 +745,7 @@ def _confirm_solid(
         spent += measurement_cost(more)
         both = grouped + more
         blocks_s, blocks_warm_s = project_decode(
-            both, fit.small_bytes, max(fit.small_bytes / block, 1.0)
+            both, fit.small_bytes, max(fit.small_bytes / block, 1.0), cost.shifts.get(cls.name, 0.0)
         )
         log.debug(
             "%s: %s blocks confirmed on %d (%.3f s -> %.3f s)",
@@ -925,6 +938,25 @@ def _small_share(cls: ClassSample, block: int) -> float:
     )
 
 
+def _cold_record(plan: Plan) -> dict[str, Any]:
+    """How the plan measured cold decodes (`PlanSettings.cold_model`): the classes whose cold
+    cost came from the sample's mount, its wall seconds, and why it was not used (if so)."""
+    mounted = plan.cost.mounted
+    note: str | None
+    if plan.settings.cold_model != "mount":
+        note = "--cold-cost method"
+    elif mounted is None:
+        note = "not measured"
+    else:
+        note = mounted.note or None
+    return {
+        "model": plan.settings.cold_model,
+        "mounted_classes": sorted(plan.cost.shifts),
+        "mount_s": round(mounted.seconds, 3) if mounted is not None else 0.0,
+        "note": note,
+    }
+
+
 def plan_record(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-able data (`fanfs plan --json`, the pack manifest's `plan`)."""
     s, sel = plan.settings, plan.selection
@@ -1025,6 +1057,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             if plan.cost.predicted_pack_s is not None
             else None,
             "rounds": plan.cost.rounds,
+            "cold": _cold_record(plan),
         },
         "classes": classes,
     }

@@ -32,6 +32,7 @@ from fanfs.compression import (
 )
 from fanfs.format.layout import chunk_crc
 from fanfs.optimizer.candidates import NONE, Candidate
+from fanfs.optimizer.coldmount import MountedSample
 from fanfs.optimizer.sampling import DICT_MAX_OBJECT_BYTES, FLOOR_SHARE, ClassSample
 
 # Every candidate is compared with this one on the same units (when it is a candidate): the
@@ -580,6 +581,10 @@ class PlanCost:
     # and each class's cost of serving raw chunks (`raw_serving`)
     penalties: dict[tuple[str, int], float] = field(default_factory=dict)
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The sample's mount (`coldmount.sample_mount`; None: not tried), and what it shifts each
+    # class's cold penalty per object by (`cold_shifts`): a class not in it keeps the method.
+    mounted: MountedSample | None = None
+    shifts: dict[str, float] = field(default_factory=dict)
     # With real measurements, the plan's start (`time.perf_counter`), and the wall seconds
     # it took besides what is counted above (the selections, splitting the sample, the
     # host's other work between measurements) as of the last `note_other`. Injected
@@ -588,8 +593,10 @@ class PlanCost:
     other_s: float = 0.0
 
     def counted_s(self) -> float:
-        """The seconds counted so far: the sample, the reference pass, the measuring."""
-        return self.sample_s + self.reference_s + self.measure_s
+        """The seconds counted so far: the sample, the reference pass, the sample's mount
+        (wall seconds), the measuring."""
+        mounted = self.mounted.seconds if self.mounted is not None else 0.0
+        return self.sample_s + self.reference_s + mounted + self.measure_s
 
     def note_other(self, now: float | None = None) -> float:
         """`other_s` as of `now` (perf_counter; None: now): the plan's wall time so far less
@@ -609,6 +616,7 @@ def profile(
     spent_out: PlanCost | None = None,
     decode_budget_s: float | None = None,
     balanced: bool = False,
+    cold_fn: ColdFn | None = None,
 ) -> list[ClassProfile]:
     """Measure every candidate on every class's sample and project it to the whole class.
 
@@ -626,6 +634,10 @@ def profile(
     3. Each estimate is the reference's projection times the candidate's size over the
        reference's on the same units (`_project`), so a slow candidate's small prefix is
        not compared with the reference's whole sample.
+
+    With `cold_fn` (`coldmount.sample_mount`), the classes' cold costs come from it, called
+    once right after the reference pass (`cold_shifts`), and its seconds count like the
+    pass's.
 
     The reference pass is the plan's floor: `time_budget_s` bounds what is measured after
     it. Time is counted with the measurements' own numbers (and a nominal cost for dictionary
@@ -665,6 +677,14 @@ def profile(
                 ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
     if spent_out is not None:  # (before the budget: a share of the pack counts it, `budgets`)
         spent_out.reference_s += ref_spent
+    shifts = spent_out.shifts if spent_out is not None else {}
+    if ref is not None and cold_fn is not None and (spent_out is None or spent_out.mounted is None):
+        mounted = cold_fn([c for c in classes if c.units])
+        shifts.update(
+            cold_shifts(mounted, {c.name: totals[(c.name, ref)] for c in classes if c.units})
+        )
+        if spent_out is not None:
+            spent_out.mounted = mounted
     # When the decode budget is loose (at least twice what zstd:3 decodes in, or none),
     # ratio decides: the densest candidates a class can afford are measured first (with a
     # dictionary first for classes that have one). Under a tight budget, the fastest.
@@ -757,7 +777,32 @@ def profile(
         spent_out.totals = totals
         spent_out.penalties = penalties
         spent_out.raw = raw
-    return [_project(cls, candidates, totals, ref, penalties, raw.get(cls.name)) for cls in classes]
+    return [
+        _project(
+            cls, candidates, totals, ref, penalties, raw.get(cls.name), shifts.get(cls.name, 0.0)
+        )
+        for cls in classes
+    ]
+
+
+ColdFn = Callable[[Sequence[ClassSample]], MountedSample]
+
+
+def cold_shifts(mounted: MountedSample, refs: dict[str, Measurement]) -> dict[str, float]:
+    """By how much each class's cold penalty per object (`per_object_penalty`) is to be
+    shifted so that the reference's is what the sample's mount paid: the class's decode
+    there less the reference pass's hot decode of the same units, per unit, less the
+    method's penalty (`refs`: the reference's measurement by class). The shift is added to
+    every cold penalty of the class (each candidate's, a dictionary's, raw chunks', solid
+    blocks'), so the method's differences between them stay and only the level moves."""
+    out = {}
+    for name, traced in mounted.decode_s.items():
+        m = refs.get(name)
+        if m is None or not m.units:
+            continue
+        paid = (traced - m.decode_s / m.cold) / m.units
+        out[name] = paid - per_object_penalty(m)
+    return out
 
 
 # A class the reference shrinks by at least this share is predicted, in the balanced mode, to
@@ -1209,24 +1254,28 @@ def per_object_penalty(m: Measurement) -> float:
     return (m.decode_s - m.decode_s / m.cold) / m.units
 
 
-def project_decode(m: Measurement, total_bytes: float, objects: float) -> tuple[float, float]:
+def project_decode(
+    m: Measurement, total_bytes: float, objects: float, shift: float = 0.0
+) -> tuple[float, float]:
     """`m`'s decode projected onto `total_bytes` stored as `objects` objects (chunks, solid
     blocks), and the same with hot caches: the hot passes per byte, the cold penalty per
     object (`per_object_penalty`). The penalty is a cost of each object, not of its bytes
     (the decoder's state, tables and code fetched again): projected per byte, it came out
     as the sample's units were large or small, and the real dataset's 46 PyTables files
     (21 KB each, sampled in units of 35 KB) decoded 1.6x their projection. With `objects`
-    0 (not known) the units' own count, scaled by bytes, stands in."""
+    0 (not known) the units' own count, scaled by bytes, stands in. `shift` moves the
+    penalty per object (`cold_shifts`; at least 0 after it)."""
     if m.raw_bytes <= 0:
         return 0.0, 0.0
     hot = m.decode_s / m.cold * total_bytes / m.raw_bytes
-    return hot + _penalty_s(m, total_bytes, objects), hot
+    return hot + _penalty_s(m, total_bytes, objects, shift), hot
 
 
-def _penalty_s(m: Measurement, total_bytes: float, objects: float) -> float:
+def _penalty_s(m: Measurement, total_bytes: float, objects: float, shift: float = 0.0) -> float:
     """`m`'s cold penalty over `objects` objects (`project_decode`; 0: the units' count
-    scaled to `total_bytes`)."""
-    return per_object_penalty(m) * (objects or m.units * total_bytes / max(m.raw_bytes, 1))
+    scaled to `total_bytes`), each shifted by `shift`."""
+    per_object = max(per_object_penalty(m) + shift, 0.0)
+    return per_object * (objects or m.units * total_bytes / max(m.raw_bytes, 1))
 
 
 def _project(
@@ -1236,14 +1285,17 @@ def _project(
     ref: Candidate | None,
     penalties: dict[tuple[str, int], float] | None = None,
     raw: tuple[float, float] | None = None,
+    shift: float = 0.0,
 ) -> ClassProfile:
     """Every measured candidate's estimate for the whole class, and NONE's (its serving cost
     `raw`, seconds per byte and per chunk, as `raw_serving` measures it; else nothing). A
     dictionary candidate with its own cold penalty in `penalties` (by class and codec id)
     decodes as the reference's warm decode times their paired ratio, plus that penalty for
-    each of the class's chunks."""
+    each of the class's chunks. Every cold penalty per object is moved by `shift` (the
+    sample's mount, `cold_shifts`), at least 0 after it."""
     units = cls.measure_units
     per_byte, per_chunk = raw or (0.0, 0.0)
+    per_chunk = max(per_chunk + shift, 0.0)
     estimates = [
         Estimate(
             NONE,
@@ -1257,7 +1309,7 @@ def _project(
     ]
     ref_m = totals.get((cls.name, ref)) if ref is not None else None
     ref_decode, ref_warm = (
-        project_decode(ref_m, cls.total_bytes, cls.chunks) if ref_m else (math.inf, math.inf)
+        project_decode(ref_m, cls.total_bytes, cls.chunks, shift) if ref_m else (math.inf, math.inf)
     )
     rows: list[tuple[Candidate, Measurement, float, float, bool]] = []
     warm_of: dict[Candidate, float] = {}
@@ -1266,7 +1318,7 @@ def _project(
         if m is None or m.raw_bytes == 0:
             continue
         stored = m.stored_bytes * cls.total_bytes / m.raw_bytes
-        decode_s, warm_of[cand] = project_decode(m, cls.total_bytes, cls.chunks)
+        decode_s, warm_of[cand] = project_decode(m, cls.total_bytes, cls.chunks, shift)
         loses = False
         if ref_m is not None and cand != ref:
             rel, wins = _paired(cand, m, ref_m)
@@ -1292,10 +1344,10 @@ def _project(
                 # real dataset's `.mo` was projected at 0.56x zstd:3's decode with
                 # zstd:19+dict, and read through the mount at 1.01x the default pack's.
                 floor = per_object_penalty(ref_m) if same else 0.0
-                decode_s = warm_of[cand] + max(penalty, floor) * cls.chunks
+                decode_s = warm_of[cand] + max(max(penalty, floor) + shift, 0.0) * cls.chunks
             else:
                 decode_s = warm_of[cand] + _penalty_s(
-                    ref_m if same else m, cls.total_bytes, cls.chunks
+                    ref_m if same else m, cls.total_bytes, cls.chunks, shift
                 )
             # (a relative tolerance: the same decode computed in another order may round
             # below the reference's, and a candidate no faster would escape the rule)

@@ -135,7 +135,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 PACKAGE_ORDER = {
     "mount": ("options", "signals", "kernel", "preload", "family", "serve", "daemon", "command"),
-    "optimizer": ("candidates", "classes", "sampling", "measurement", "selection", "budgets"),
+    "optimizer": (
+        "candidates",
+        "classes",
+        "sampling",
+        "coldmount",
+        "measurement",
+        "selection",
+        "budgets",
+    ),
 }
 
 

@@ -1,0 +1,240 @@
+"""Each class's decode of its sample through a real mount (`sample_mount`): what the plan
+takes a decode's cold cost from.
+
+A mount decodes each object between FUSE requests whose work (the kernel's request and reply,
+the reader's copy, the Python that answers, the other serving process) has pushed the
+decoder's state out of the core's caches. The plan's method (`measurement.cold_penalty`:
+4 MiB written before each decode) stands in for that work, and misses it class by class: on
+the real dataset it put 13-21 of 33 classes within 25% of what a mount of the default pack
+decoded them in, and the same classes missed in every plan (barely compressible ONNX and
+PNG charged twice what the mount paid per object, 150 KB images a fifth). The sample's own
+units written out as files, packed with the reference codec and read once each in a
+shuffled order through a mount with the decode trace on, put 25-30 of 33 within 25%
+(docs/benchmarks.md, "where the per-class misses come from").
+
+The sample is written into a private directory (mkdtemp, mode 0700: the plan may run as
+root), and everything there is removed, and the mount unmounted, whatever happens. Without
+FUSE, or with anything else that fails, the plan keeps its method and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from fanfs.format.reader import PackReader
+from fanfs.mountinfo import find_mount, wait_mounted
+from fanfs.optimizer.sampling import ClassSample
+from fanfs.runtime import DECODE_TRACE_ENV
+
+log = logging.getLogger(__name__)
+
+# A class with fewer sample units keeps the method: its units' cold costs, one decode each,
+# are too few to average out the host's noise (on the real dataset, the sample mount's four
+# misses were all classes of 4-20 units; the classes of 16 or more were within 25%).
+MOUNT_MIN_UNITS: Final = 16
+# Seconds each step may take (writing the sample, packing it, mounting, reading, unmounting)
+# before the plan gives up on the mount: on the real dataset's sample (13,014 units, 158 MiB)
+# they took 1-3 s each.
+STEP_TIMEOUT_S: Final = 120.0
+# Seconds to wait for the mount's preload, and for its statistics (written with the decode
+# trace) after unmounting.
+LOG_WAIT_S: Final = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class MountedSample:
+    """What `sample_mount` measured: each class's decode of its units through the mount (CPU
+    seconds of the serving processes, by class name: the classes of MOUNT_MIN_UNITS units or
+    more), and the wall seconds it took; `note` says why a mount was not used (empty if it
+    was)."""
+
+    decode_s: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    note: str = ""
+
+
+class _Failed(Exception):
+    """A step of the sample's mount failed: the message is the plan's note."""
+
+
+def sample_mount(
+    classes: Sequence[ClassSample], *, chunk_size: int, seed: int = 0
+) -> MountedSample:
+    """Each class's sample units (`ClassSample.measure_units`), for the classes with at least
+    MOUNT_MIN_UNITS of them, written as files, packed with zstd:3 and read once each in a
+    seeded shuffled order through a fresh mount with read-ahead and the object cache off; the
+    mount's decode trace charged to each file's class. Never raises: a failure returns an
+    empty result with a one-line note."""
+    start = time.perf_counter()
+    picked = [c for c in classes if len(c.measure_units) >= MOUNT_MIN_UNITS]
+    if not picked:
+        return MountedSample(note="no class has %d sample units" % MOUNT_MIN_UNITS)
+    try:
+        work = tempfile.mkdtemp(prefix="fanfs-plan-")
+    except OSError as exc:
+        return MountedSample(
+            seconds=time.perf_counter() - start,
+            note="no temporary directory for the sample (%s)" % (exc.strerror or exc),
+        )
+    try:
+        decode_s = _measure(picked, work, chunk_size, seed)
+        return MountedSample(decode_s, time.perf_counter() - start)
+    except _Failed as exc:
+        log.info("plan: the sample's mount is not used: %s", exc)
+        return MountedSample(seconds=time.perf_counter() - start, note=str(exc))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(
+    classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int
+) -> dict[str, float]:
+    tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
+    log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
+    members: dict[bytes, int] = {}
+    try:
+        for k, cls in enumerate(classes):
+            os.makedirs(os.path.join(tree, "c%03d" % k))
+            for i, unit in enumerate(cls.measure_units):
+                rel = "c%03d/u%06d" % (k, i)
+                with open(os.path.join(tree, rel), "xb") as f:
+                    f.write(unit)
+                members[rel.encode()] = k
+        os.mkdir(mnt)
+    except OSError as exc:
+        raise _Failed("cannot write the sample (%s)" % (exc.strerror or exc)) from None
+    _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
+           str(chunk_size), tree, pack)  # fmt: skip
+    owner = _chunk_owners(pack, members)
+    env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
+    _fanfs(
+        "mounting the sample",
+        "mount", pack, mnt, "--log", log_path, "--no-cluster", "--prefetch", "off",
+        "--cache-memory", "0",
+        env=env,
+    )  # fmt: skip
+    try:
+        if not wait_mounted(mnt, STEP_TIMEOUT_S):
+            raise _Failed("the sample's mount did not answer")
+        _wait_for(log_path, "preload")
+        files = sorted(members)
+        random.Random(seed).shuffle(files)
+        _read_all(mnt.encode(), files)
+    finally:
+        _unmount(mnt)
+    if not _wait_for(log_path, "statistics: "):
+        raise _Failed("the sample's mount wrote no statistics (see its log)")
+    return _charged(classes, work, owner)
+
+
+def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run `python -m fanfs ARGS`; _Failed with its last line of stderr if it fails."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fanfs", *args],
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+            env=env,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _Failed("%s failed (%s)" % (what, exc)) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1]
+        raise _Failed("%s failed: %s" % (what, last.removeprefix("fanfs: ")))
+
+
+def _chunk_owners(pack: str, members: dict[bytes, int]) -> np.ndarray:
+    """Each chunk's class number in `pack` (-1: none; members by path relative to the
+    root)."""
+    reader = PackReader(pack)
+    try:
+        ix = reader.index
+        owner = np.full(int(ix.chunk_count), -1, dtype=np.int64)
+        for rel, k in members.items():
+            entry = 0
+            for name in rel.split(b"/"):
+                found = ix.lookup(entry, name)
+                if found is None:
+                    raise _Failed("the sample's pack lacks %s" % rel.decode())
+                entry = found
+            first = int(ix.first[entry])
+            owner[first : first + int(ix.count[entry])] = k
+        return owner
+    finally:
+        reader.close()
+
+
+def _read_all(mnt: bytes, files: Sequence[bytes]) -> None:
+    """Read each of `files` (relative to `mnt`) once, whole, as a loader does: every file
+    looked up first (a file list), then each opened and read in 1 MiB reads."""
+    try:
+        for rel in files:
+            os.stat(os.path.join(mnt, rel))
+        for rel in files:
+            fd = os.open(os.path.join(mnt, rel), os.O_RDONLY)
+            try:
+                while os.read(fd, 1 << 20):
+                    pass
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        raise _Failed("reading the sample's mount failed (%s)" % (exc.strerror or exc)) from None
+
+
+def _unmount(mnt: str) -> None:
+    """Unmount `mnt`, lazily if it is busy; a mount left behind is logged as an error (the
+    plan goes on: its temporary files are removed either way)."""
+    for extra in ((), ("--lazy",)):
+        with contextlib.suppress(_Failed):
+            _fanfs("unmounting the sample", "umount", *extra, mnt)
+        if find_mount(mnt) is None:
+            return
+    log.error("plan: cannot unmount the sample's mount at %s", mnt)
+
+
+def _wait_for(log_path: str, text: str) -> bool:
+    """Wait up to LOG_WAIT_S for `text` in the mount's log; whether it came."""
+    deadline = time.monotonic() + LOG_WAIT_S
+    while True:
+        with contextlib.suppress(OSError), open(log_path, errors="replace") as f:
+            if text in f.read():
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _charged(classes: Sequence[ClassSample], work: str, owner: np.ndarray) -> dict[str, float]:
+    """The decode trace's CPU seconds charged to each chunk's class."""
+    ns = np.zeros(len(classes), dtype=np.int64)
+    traced = 0
+    for name in os.listdir(work):
+        if not name.startswith("trace."):
+            continue
+        pairs = np.fromfile(os.path.join(work, name), dtype=np.int64)
+        if pairs.size % 2:
+            raise _Failed("the sample's decode trace is torn")
+        pairs = pairs.reshape(-1, 2)
+        if pairs.size and (pairs[:, 0].min() < 0 or pairs[:, 0].max() >= owner.size):
+            raise _Failed("the sample's decode trace names chunks its pack lacks")
+        known = owner[pairs[:, 0]]
+        np.add.at(ns, known[known >= 0], pairs[known >= 0, 1])
+        traced += 1
+    if not traced:
+        raise _Failed("the sample's mount wrote no decode trace")
+    return {cls.name: float(ns[k]) / 1e9 for k, cls in enumerate(classes)}
