@@ -410,8 +410,8 @@ def _cold_words(cold: dict[str, Any]) -> str:
     if not mounted:
         return "%s (%s)" % (method, cold["note"]) if cold["note"] else method
     return (
-        "the sample read through a mount of it, for %d classes (%.1f s); %s for those of "
-        "fewer sample units" % (mounted, cold["mount_s"], method)
+        "the sample read through a mount of it, for %d class%s (%.1f s); %s for those of "
+        "fewer sample units" % (mounted, "" if mounted == 1 else "es", cold["mount_s"], method)
     )
 
 

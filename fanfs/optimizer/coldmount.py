@@ -141,14 +141,17 @@ def _measure(
 
 
 def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:
-    """Run `python -m fanfs ARGS`; _Failed with its last line of stderr if it fails."""
+    """Run `python -m fanfs ARGS`; _Failed with its last line of stderr if it fails. With -P
+    and from /: the plan may run as root in a directory others can write, and a `fanfs`
+    there must not be what runs."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "fanfs", *args],
+            [sys.executable, "-P", "-m", "fanfs", *args],
             capture_output=True,
             text=True,
             timeout=STEP_TIMEOUT_S,
             env=env,
+            cwd="/",
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:

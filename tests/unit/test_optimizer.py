@@ -1833,6 +1833,97 @@ def test_a_candidate_pays_its_own_decoders_cold_penalty_per_chunk() -> None:
     assert got["lz4"].decode_s == pytest.approx(0.015)
 
 
+def test_the_sample_mounts_cold_cost_moves_every_cold_penalty_of_its_class() -> None:
+    """A shift from the sample's mount (`cold_shifts`) is added to each cold penalty per
+    chunk of the class: the reference's (1 ms), a level's (the reference's), lz4's own
+    (0.2 ms), raw chunks' (0.01 ms) and a dictionary's (its own 3 ms); the hot decodes stay.
+    A penalty the shift takes below 0 counts 0."""
+    from fanfs.optimizer.measurement import _project
+
+    cls, ref_m = _per_chunk_case()
+    cls.dictionary = b"d"
+    zstd19d = Candidate(ZSTD19.spec, use_dict=True)
+    level = Measurement(2, 10_000, 900, 0.009, 0.1, unit_decode=(0.001, 0.001), cold=4.5)
+    fast = Measurement(2, 10_000, 1500, 0.0014, 0.1, unit_decode=(0.0005, 0.0005), cold=1.4)
+    dict_m = Measurement(1, 5000, 400, 0.002, 0.1, unit_decode=(0.001,), cold=2.0)
+    totals = {
+        (cls.name, ZSTD3): ref_m,
+        (cls.name, ZSTD19): level,
+        (cls.name, LZ4): fast,
+        (cls.name, zstd19d): dict_m,
+    }
+    penalties = {(cls.name, zstd19d.spec.codec_id): 3e-3}
+
+    def decodes(shift: float) -> dict[str, tuple[float, float]]:
+        cands = [NONE, ZSTD3, ZSTD19, LZ4, zstd19d]
+        prof = _project(cls, cands, totals, ZSTD3, penalties, (1e-9, 1e-5), shift)
+        return {str(e.candidate): (e.decode_s, e.warm) for e in prof.estimates}
+
+    base, up, down = decodes(0.0), decodes(5e-4), decodes(-5e-4)
+    for name, per_chunk in (
+        ("zstd:3", 1e-3),
+        ("zstd:19", 1e-3),
+        ("lz4", 2e-4),
+        ("none", 1e-5),
+        ("zstd:19+dict", 3e-3),
+    ):
+        assert base[name][0] == pytest.approx(base[name][1] + 50 * per_chunk), name
+        assert up[name][0] == pytest.approx(base[name][1] + 50 * (per_chunk + 5e-4)), name
+        assert down[name][0] == pytest.approx(base[name][1] + 50 * max(per_chunk - 5e-4, 0.0)), name
+        assert up[name][1] == down[name][1] == base[name][1], name
+
+
+def test_the_shift_is_what_the_mount_paid_per_unit_beyond_the_methods_penalty() -> None:
+    """The sample's mount decoded a class's 2 units in 7 ms; the reference pass decoded them
+    in 2 ms hot, with a penalty of 1 ms a unit: the mount paid 2.5 ms a unit cold, 1.5 ms
+    more than the method. A class the mount did not read, or without a reference, has none."""
+    from fanfs.optimizer.coldmount import MountedSample
+    from fanfs.optimizer.measurement import cold_shifts
+
+    _, ref_m = _per_chunk_case()
+    mounted = MountedSample({"c/*.h5": 0.007, "other": 0.5}, 3.0)
+    assert cold_shifts(mounted, {"c/*.h5": ref_m, "unread": ref_m}) == {
+        "c/*.h5": pytest.approx(1.5e-3)
+    }
+
+
+def test_profile_takes_the_mounts_cold_cost_once_right_after_the_reference() -> None:
+    """`cold_fn` is called once, with the classes that have units, after the reference is
+    measured; its seconds count in the plan's cost, and a later call resuming from the same
+    cost (the budget's rounds) projects with the same shifts without mounting again."""
+    from fanfs.optimizer.coldmount import MountedSample
+
+    calls: list[list[str]] = []
+    measured: list[str] = []
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        measured.append(str(cand))
+        raw = sum(len(u) for u in units)
+        return Measurement(len(units), raw, raw // 4, raw * 1e-9, raw * 1e-9)
+
+    def cold_fn(classes: Sequence[ClassSample]) -> MountedSample:
+        assert measured == ["zstd:3"]  # (the reference only, so far)
+        calls.append([c.name for c in classes])
+        # the class's 4 units of 1000 bytes, 4 us hot: 4 ms in the mount, 1 ms a unit cold
+        return MountedSample({"a/*.txt": 4e-6 + 4e-3}, 2.5)
+
+    a = ClassSample("a/*.txt", files=100, total_bytes=100_000, chunks=100, units=[b"x" * 1000] * 4)
+    empty = ClassSample("b/*.bin", files=1, total_bytes=10)
+    cost = PlanCost(100.0)
+    for _ in range(2):
+        profs = profile(
+            [a, empty], [REFERENCE], time_budget_s=100.0, measure_fn=fn, spent_out=cost,
+            cold_fn=cold_fn,
+        )  # fmt: skip
+        est = next(e for e in profs[0].estimates if e.candidate == REFERENCE)
+        assert est.decode_s == pytest.approx(100_000 * 1e-9 + 100 * 1e-3)
+        assert est.warm == pytest.approx(100_000 * 1e-9)
+    assert calls == [["a/*.txt"]]
+    assert cost.counted_s() == pytest.approx(2.5 + cost.reference_s + cost.measure_s)
+
+
 def test_a_solid_class_charges_its_larger_files_their_chunks_cold_penalties() -> None:
     """A class of tiny files and a few larger ones: 90% of the bytes but 1% of the chunks
     are small. The larger files pay the estimate's hot decode by their bytes (10% of 20 ms)

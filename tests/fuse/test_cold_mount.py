@@ -1,0 +1,141 @@
+"""The plan's sample mount (`coldmount.sample_mount`): each class's sample read through a real
+mount of it, charged by the decode trace; nothing left behind, whatever happens; the method
+kept, with the reason in the plan, when the mount cannot be made."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from fanfs.mountinfo import mounts_under
+from fanfs.optimizer import ClassSample
+from fanfs.optimizer.coldmount import MOUNT_MIN_UNITS, sample_mount
+from tests.conftest import run_fanfs
+
+pytestmark = pytest.mark.fuse
+
+
+def _texts(n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    words = ["tensor", "label", "image", "batch", "epoch", "loss"]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(200, 2000))).encode()
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary directory `sample_mount` makes its own in (to see it cleaned up)."""
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    return base
+
+
+def test_each_class_of_enough_units_is_read_through_a_mount_and_nothing_is_left(
+    private_tmp: Path,
+) -> None:
+    many = ClassSample("a/*.txt", files=40, units=_texts(MOUNT_MIN_UNITS + 4, 1))
+    few = ClassSample("b/*.txt", files=3, units=_texts(MOUNT_MIN_UNITS - 1, 2))
+    got = sample_mount([many, few], chunk_size=1 << 20)
+    assert got.note == ""
+    assert list(got.decode_s) == ["a/*.txt"]
+    # 20 units of 1-12 KB of zstd:3 each decoded and verified once: microseconds each
+    assert 0.0 < got.decode_s["a/*.txt"] < 1.0
+    assert got.seconds > 0.0
+    assert os.listdir(private_tmp) == []
+    assert mounts_under(str(private_tmp)) == []
+
+
+def test_without_a_class_of_enough_units_nothing_is_mounted(private_tmp: Path) -> None:
+    few = ClassSample("b/*.txt", files=3, units=_texts(MOUNT_MIN_UNITS - 1, 2))
+    got = sample_mount([few], chunk_size=1 << 20)
+    assert (got.decode_s, got.seconds) == ({}, 0.0)
+    assert got.note == "no class has %d sample units" % MOUNT_MIN_UNITS
+    assert os.listdir(private_tmp) == []
+
+
+def test_a_step_that_fails_leaves_the_method_and_says_why(
+    private_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("fanfs.optimizer.coldmount.sys.executable", "/bin/false")
+    many = ClassSample("a/*.txt", files=40, units=_texts(MOUNT_MIN_UNITS, 1))
+    got = sample_mount([many], chunk_size=1 << 20)
+    assert got.decode_s == {}
+    assert got.note == "packing the sample failed: exit status 1"
+    assert os.listdir(private_tmp) == []
+
+
+def test_no_temporary_directory_leaves_the_method_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_bytes(b"")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_dir))
+    many = ClassSample("a/*.txt", files=40, units=_texts(MOUNT_MIN_UNITS, 1))
+    got = sample_mount([many], chunk_size=1 << 20)
+    assert got.decode_s == {}
+    assert got.note == "no temporary directory for the sample (Not a directory)"
+
+
+def _tree(root: Path) -> None:
+    (root / "docs").mkdir(parents=True)
+    for i, text in enumerate(_texts(40, 3)):
+        (root / "docs" / ("%02d.txt" % i)).write_bytes(text)
+    (root / "misc.bin").write_bytes(os.urandom(5000))
+
+
+def test_the_plan_says_which_classes_the_mount_measured_and_ignores_a_planted_fanfs(
+    tmp_path: Path,
+) -> None:
+    # The plan runs `python -m fanfs` for the sample's pack and mount: a `fanfs` package in
+    # the directory the plan is run from (one others may write) is not what runs.
+    _tree(tmp_path / "src")
+    planted = tmp_path / "cwd" / "fanfs"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text("raise SystemExit('planted')\n")
+
+    def plan(*extra: str) -> subprocess.CompletedProcess[str]:
+        # (-P: this command's own fanfs is the real one; the plan's must be too)
+        return subprocess.run(
+            [sys.executable, "-P", "-m", "fanfs", "plan", str(tmp_path / "src"), *extra],
+            cwd=planted.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    table, as_json = plan(), plan("--json")
+    assert table.returncode == 0, table.stderr
+    [line] = [ln for ln in table.stdout.splitlines() if ln.startswith("cold cost")]
+    assert line.startswith("cold cost   the sample read through a mount of it, for 1 class ("), line
+    assert line.endswith(
+        "); timed after evicting the CPU caches for those of fewer sample units"
+    ), line
+    cold = json.loads(as_json.stdout)["sample"]["cold"]
+    assert cold["model"] == "mount"
+    assert cold["mounted_classes"] == ["docs/*.txt"]
+    assert cold["note"] is None and cold["mount_s"] > 0
+
+
+def test_cold_cost_method_mounts_nothing(tmp_path: Path) -> None:
+    _tree(tmp_path / "src")
+    done = run_fanfs("plan", tmp_path / "src", "--json", "--cold-cost", "method")
+    assert done.returncode == 0, done.stderr
+    cold = json.loads(done.stdout)["sample"]["cold"]
+    assert cold == {
+        "model": "method",
+        "mounted_classes": [],
+        "mount_s": 0.0,
+        "note": "--cold-cost method",
+    }
