@@ -16,7 +16,9 @@ decode per byte, projected onto the class's bytes) and differ in the cold cost p
   decodes), what `fanfs plan` projects zstd:3 with;
 - sample mount: the sample's units written out as files, packed with zstd:3 and read in a
   shuffled epoch through a real mount with the decode trace; a class's cold cost per unit
-  is its traced decode less the reference pass's hot decode of the same units.
+  is its traced decode less the reference pass's hot decode of the same units. What the
+  plan itself does since (`fanfs.optimizer.coldmount`, `--cold-cost mount`), for the
+  classes of at least 16 sample units; here for every class.
 
 Each round measures the default pack's epoch, the reference pass and the sample pack's
 epoch back to back: this shared host's speed moves by 20% within minutes, and a model timed

@@ -689,6 +689,17 @@ def against_default(
     print()
     for n in names:
         plan = results[n]["inspect"]["plan"]
+        cold = plan.get("sample", {}).get("cold") if plan else None
+        if cold:
+            print(
+                "%s: cold costs from a mount of the sample for %d classes (%.1f s)%s."
+                % (
+                    n,
+                    len(cold["mounted_classes"]),
+                    cold["mount_s"],
+                    "; the method for the rest" + (" (%s)" % cold["note"] if cold["note"] else ""),
+                )
+            )
         if (
             plan.get("mode") == "balanced"
             and plan.get("budget_s")
