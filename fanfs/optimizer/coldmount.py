@@ -75,9 +75,9 @@ def sample_mount(
 ) -> MountedSample:
     """Each class's sample units (`ClassSample.measure_units`), for the classes with at least
     MOUNT_MIN_UNITS of them, written as files, packed with zstd:3 and read once each in a
-    seeded shuffled order through a fresh mount with read-ahead and the object cache off; the
-    mount's decode trace charged to each file's class. Never raises: a failure returns an
-    empty result with a one-line note."""
+    seeded shuffled order through a fresh mount with read-ahead and the object cache off and
+    the pack preloaded; the mount's decode trace charged to each file's class. Never
+    raises: a failure returns an empty result with a one-line note."""
     start = time.perf_counter()
     picked = [c for c in classes if len(c.measure_units) >= MOUNT_MIN_UNITS]
     if not picked:
@@ -123,12 +123,14 @@ def _measure(
     _fanfs(
         "mounting the sample",
         "mount", pack, mnt, "--log", log_path, "--no-cluster", "--prefetch", "off",
-        "--cache-memory", "0",
+        "--cache-memory", "0", "--preload", "yes",
         env=env,
     )  # fmt: skip
     try:
         if not wait_mounted(mnt, STEP_TIMEOUT_S):
             raise _Failed("the sample's mount did not answer")
+        # (served from memory, as a mount of the whole pack is where it fits: every outcome
+        # of `--preload yes` logs a line with this word)
         _wait_for(log_path, "preload")
         files = sorted(members)
         random.Random(seed).shuffle(files)
