@@ -794,11 +794,13 @@ def cold_shifts(mounted: MountedSample, refs: dict[str, Measurement]) -> dict[st
     there less the reference pass's hot decode of the same units, per unit, less the
     method's penalty (`refs`: the reference's measurement by class). The shift is added to
     every cold penalty of the class (each candidate's, a dictionary's, raw chunks', solid
-    blocks'), so the method's differences between them stay and only the level moves."""
+    blocks'), so the method's differences between them stay and only the level moves. A
+    class the trace charged nothing (its units all stored as another class's chunks, or
+    empty) keeps the method."""
     out = {}
     for name, traced in mounted.decode_s.items():
         m = refs.get(name)
-        if m is None or not m.units:
+        if m is None or not m.units or traced <= 0:
             continue
         paid = (traced - m.decode_s / m.cold) / m.units
         out[name] = paid - per_object_penalty(m)

@@ -1876,13 +1876,14 @@ def test_the_sample_mounts_cold_cost_moves_every_cold_penalty_of_its_class() -> 
 def test_the_shift_is_what_the_mount_paid_per_unit_beyond_the_methods_penalty() -> None:
     """The sample's mount decoded a class's 2 units in 7 ms; the reference pass decoded them
     in 2 ms hot, with a penalty of 1 ms a unit: the mount paid 2.5 ms a unit cold, 1.5 ms
-    more than the method. A class the mount did not read, or without a reference, has none."""
+    more than the method. A class the mount did not read, or charged nothing, or without a
+    reference, has none."""
     from fanfs.optimizer.coldmount import MountedSample
     from fanfs.optimizer.measurement import cold_shifts
 
     _, ref_m = _per_chunk_case()
-    mounted = MountedSample({"c/*.h5": 0.007, "other": 0.5}, 3.0)
-    assert cold_shifts(mounted, {"c/*.h5": ref_m, "unread": ref_m}) == {
+    mounted = MountedSample({"c/*.h5": 0.007, "other": 0.5, "nothing": 0.0}, 3.0)
+    assert cold_shifts(mounted, {"c/*.h5": ref_m, "unread": ref_m, "nothing": ref_m}) == {
         "c/*.h5": pytest.approx(1.5e-3)
     }
 
