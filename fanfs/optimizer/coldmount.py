@@ -120,13 +120,13 @@ def _measure(
            str(chunk_size), tree, pack)  # fmt: skip
     owner = _chunk_owners(pack, members)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
-    _fanfs(
-        "mounting the sample",
-        "mount", pack, mnt, "--log", log_path, "--no-cluster", "--prefetch", "off",
-        "--cache-memory", "0", "--preload", "yes",
-        env=env,
-    )  # fmt: skip
-    try:
+    try:  # (a mount that comes up after its command timed out is unmounted too)
+        _fanfs(
+            "mounting the sample",
+            "mount", pack, mnt, "--log", log_path, "--no-cluster", "--prefetch", "off",
+            "--cache-memory", "0", "--preload", "yes",
+            env=env,
+        )  # fmt: skip
         if not wait_mounted(mnt, STEP_TIMEOUT_S):
             raise _Failed("the sample's mount did not answer")
         # (served from memory, as a mount of the whole pack is where it fits: every outcome
@@ -134,7 +134,7 @@ def _measure(
         _wait_for(log_path, "preload")
         files = sorted(members)
         random.Random(seed).shuffle(files)
-        _read_all(mnt.encode(), files)
+        _read_all(mnt, files)
     finally:
         _unmount(mnt)
     if not _wait_for(log_path, "statistics: "):
@@ -143,14 +143,22 @@ def _measure(
 
 
 def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:
-    """Run `python -m fanfs ARGS`; _Failed with its last line of stderr if it fails. With -P
-    and from /: the plan may run as root in a directory others can write, and a `fanfs`
-    there must not be what runs."""
+    """Run `python -m fanfs ARGS` (`_python`)."""
+    _python(what, ["-m", "fanfs", *args], env=env)
+
+
+def _python(
+    what: str, args: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None
+) -> None:
+    """Run this Python with `args`, killed after STEP_TIMEOUT_S; _Failed with its last line of
+    stderr if it fails. With -P and from /: the plan may run as root in a directory others
+    can write, and a `fanfs` there must not be what runs."""
     try:
         done = subprocess.run(
-            [sys.executable, "-P", "-m", "fanfs", *args],
+            [sys.executable, "-P", *args],
             capture_output=True,
             text=True,
+            input=stdin,
             timeout=STEP_TIMEOUT_S,
             env=env,
             cwd="/",
@@ -184,21 +192,29 @@ def _chunk_owners(pack: str, members: dict[bytes, int]) -> np.ndarray:
         reader.close()
 
 
-def _read_all(mnt: bytes, files: Sequence[bytes]) -> None:
-    """Read each of `files` (relative to `mnt`) once, whole, as a loader does: every file
-    looked up first (a file list), then each opened and read in 1 MiB reads."""
+# The reader of `_read_all`, a child process: a read that never returns (a mount in trouble)
+# is ended by killing it, where the plan's own thread would wait for ever.
+_READER: Final = """
+import os, sys
+mnt, files = sys.argv[1], sys.stdin.read().split()
+for rel in files:
+    os.stat(os.path.join(mnt, rel))
+for rel in files:
+    fd = os.open(os.path.join(mnt, rel), os.O_RDONLY)
     try:
-        for rel in files:
-            os.stat(os.path.join(mnt, rel))
-        for rel in files:
-            fd = os.open(os.path.join(mnt, rel), os.O_RDONLY)
-            try:
-                while os.read(fd, 1 << 20):
-                    pass
-            finally:
-                os.close(fd)
-    except OSError as exc:
-        raise _Failed("reading the sample's mount failed (%s)" % (exc.strerror or exc)) from None
+        while os.read(fd, 1 << 20):
+            pass
+    finally:
+        os.close(fd)
+"""
+
+
+def _read_all(mnt: str, files: Sequence[bytes]) -> None:
+    """Read each of `files` (relative to `mnt`) once, whole, as a loader does: every file
+    looked up first (a file list), then each opened and read in 1 MiB reads; in a child
+    process killed after STEP_TIMEOUT_S."""
+    names = "\n".join(rel.decode() for rel in files)
+    _python("reading the sample's mount", ["-c", _READER, mnt], stdin=names)
 
 
 def _unmount(mnt: str) -> None:

@@ -139,3 +139,14 @@ def test_cold_cost_method_mounts_nothing(tmp_path: Path) -> None:
         "mount_s": 0.0,
         "note": "--cold-cost method",
     }
+
+
+def test_a_step_that_hangs_is_killed_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a read of a mount in trouble that never returns: the child is killed, the plan goes on)
+    from fanfs.optimizer import coldmount
+
+    monkeypatch.setattr(coldmount, "STEP_TIMEOUT_S", 0.5)
+    with pytest.raises(coldmount._Failed) as caught:
+        coldmount._python("reading the sample's mount", ["-c", "import time; time.sleep(30)"])
+    assert str(caught.value).startswith("reading the sample's mount failed (Command ")
+    assert str(caught.value).endswith("timed out after 0.5 seconds)")
