@@ -245,7 +245,10 @@ def test_root_xattrs_and_stats_grow(edge_pack: Path, edge_mount: Mount) -> None:
         assert len(f.read()) == 196625
     after = stats(mnt)
     assert after["reads"] > before["reads"]
-    assert after["read_bytes"] - before["read_bytes"] >= 196625
+    # Every byte reached fanfs: in READs, or in chunks its read-ahead pushed into the page
+    # cache before the kernel asked (CI, on a loaded host, saw one of the three pushed).
+    pushed = sum(after[k] - before[k] for k in ("prefetch_pushed", "fill_pushed", "rest_pushed"))
+    assert after["read_bytes"] - before["read_bytes"] + pushed * TEST_CHUNK_SIZE >= 196625
     assert (after["data_errors"], after["internal_errors"]) == (0, 0)
 
 
