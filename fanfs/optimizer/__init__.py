@@ -9,7 +9,8 @@ multiple-choice knapsack solver. Never writes a pack and never prints: pack.py a
 The model and its assumptions are in docs/architecture.md, "Compressor optimizer".
 
 One module per step, each importing only those before it: `candidates`, `classes`,
-`sampling`, `measurement`, `selection`, `budgets`.
+`sampling`, `coldmount` (the sample read through a mount of it), `measurement`, `selection`,
+`budgets`.
 """
 
 from fanfs.optimizer.budgets import Plan, PlanSettings, decode_budget, make_plan, plan_record
