@@ -13,14 +13,18 @@ import contextlib
 import os
 import stat
 import tempfile
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from fanfs.errors import MountSetupError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _RUNTIME_ADVICE: Final = "remove it, or set XDG_RUNTIME_DIR"
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The environment variable that turns on a mount's decode trace (a path prefix:
-# `store.ChunkStore.write_decode_trace`), for benchmarks and the plan's sample mount.
+# `store.ChunkStore.write_decode_trace`, `read_decode_trace`), for benchmarks and the
+# plan's sample mount.
 DECODE_TRACE_ENV: Final = "FANFS_DECODE_TRACE"
 
 
@@ -121,3 +125,14 @@ def write_atomic(path: str, data: bytes) -> None:
     with os.fdopen(create_new(tmp), "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+def read_decode_trace(path: str | os.PathLike[str]) -> np.ndarray:
+    """A serving process's decode trace (`DECODE_TRACE_ENV`): its (chunk id, CPU ns) pairs,
+    an int64 numpy array of shape (decodes, 2). ValueError if the file is torn."""
+    import numpy as np  # (lazily: every command's runtime paths import this module)
+
+    flat = np.fromfile(path, dtype=np.int64)
+    if flat.size % 2:
+        raise ValueError("decode trace %s is torn" % os.fspath(path))
+    return flat.reshape(-1, 2)

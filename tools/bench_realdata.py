@@ -516,7 +516,7 @@ def traced_epoch(
     read-ahead off, the mount's decode trace charged to each chunk's class."""
     from fanfs.format.reader import PackReader
     from fanfs.hints import resolve
-    from fanfs.runtime import DECODE_TRACE_ENV
+    from fanfs.runtime import DECODE_TRACE_ENV, read_decode_trace
 
     classes = list(members)
     owner = {rel: cls for cls, rels in members.items() for rel in rels}
@@ -549,7 +549,7 @@ def traced_epoch(
     out = dict.fromkeys(members, 0.0)
     traced = 0
     for path in work.glob("decode-trace.*"):
-        pairs = np.fromfile(path, dtype=np.int64).reshape(-1, 2)
+        pairs = read_decode_trace(path)
         path.unlink()
         owners = chunk_class[pairs[:, 0]]
         for k, cls in enumerate(classes):

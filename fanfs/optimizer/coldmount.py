@@ -37,7 +37,7 @@ import numpy as np
 from fanfs.format.reader import PackReader
 from fanfs.mountinfo import find_mount, wait_mounted
 from fanfs.optimizer.sampling import ClassSample
-from fanfs.runtime import DECODE_TRACE_ENV
+from fanfs.runtime import DECODE_TRACE_ENV, read_decode_trace
 
 log = logging.getLogger(__name__)
 
@@ -247,10 +247,10 @@ def _charged(classes: Sequence[ClassSample], work: str, owner: np.ndarray) -> di
     for name in os.listdir(work):
         if not name.startswith("trace."):
             continue
-        pairs = np.fromfile(os.path.join(work, name), dtype=np.int64)
-        if pairs.size % 2:
-            raise _Failed("the sample's decode trace is torn")
-        pairs = pairs.reshape(-1, 2)
+        try:
+            pairs = read_decode_trace(os.path.join(work, name))
+        except ValueError:
+            raise _Failed("the sample's decode trace is torn") from None
         if pairs.size and (pairs[:, 0].min() < 0 or pairs[:, 0].max() >= owner.size):
             raise _Failed("the sample's decode trace names chunks its pack lacks")
         known = owner[pairs[:, 0]]
