@@ -383,7 +383,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if smp.get("predicted_pack_s") is not None:
         out.append(
             "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass%s, %.1f s of "
-            "measurement (CPU) within a budget of %.1f s%s%s; the pack is predicted to "
+            "measurement (CPU) within a budget of %.1f s%s%s%s; the pack is predicted to "
             "take %.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all%s"
             % (
                 smp.get("sample_read_s", 0.0),
@@ -393,6 +393,12 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 s["time_budget_s"],
                 " set in %d rounds" % smp["rounds"] if smp.get("rounds", 1) > 1 else "",
                 ", %.1f s besides (the selections)" % smp["other_s"] if "other_s" in smp else "",
+                (
+                    "; %.1f s of the measurement ran beside the plan's thread (compressing)"
+                    % smp["beside_s"]
+                    if smp.get("beside_s")
+                    else ""
+                ),
                 smp["predicted_pack_s"],
                 s["jobs"],
                 100 * s["plan_share"],

@@ -6,13 +6,15 @@ compress time (`measure`, injectable), and `profile`, which shares the time budg
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import logging
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -209,9 +211,9 @@ def measure(
     objects = _objects(stored, units)
     ref_objects = None
     if cand != REFERENCE:  # REFERENCE's own objects, to time beside (`Measurement.beside`)
-        start = time.thread_time()
-        ref_objects = _objects([compress_object(u, REFERENCE.spec) for u in units], units)
-        overhead_s += time.thread_time() - start
+        ref_stored, took = _compressed(units, REFERENCE.spec, None)
+        ref_objects = _objects(ref_stored, units)
+        overhead_s += took
     timing = _time_objects(objects, dic, ref_objects, cold=cold)
     return _measurement(units, stored, compress_s, overhead_s, [timing])
 
@@ -227,10 +229,182 @@ def _prepared(spec: CodecSpec, dic: bytes | None) -> float:
 def _compressed(
     units: Sequence[bytes], spec: CodecSpec, dic: bytes | None
 ) -> tuple[list[tuple[int, bytes]], float]:
-    """`units` compressed as the pack does (`compress_object`), and the CPU seconds it took."""
+    """`units` compressed as the pack does (`compress_object`), and the CPU seconds it took.
+
+    While a plan runs on several threads (`compress_threads`), compressions go in pairs
+    with those `ahead` names next: not done early, this thread compresses `units` while
+    another compresses the first named (or, named none, `units` are split over the threads
+    if there is enough to split); done early, it is taken, and the next two named are
+    compressed, one here and one on another thread. The CPU seconds are each thread's,
+    summed: what one thread would take."""
+    state = _COMPRESSING
+    if state.pool is None:
+        return _compress_group(units, range(len(units)), spec, dic)
+    start = time.perf_counter()
+    key = _key(units, spec, dic)
+    early = state.ready.pop(key, None)
+    named = [h for h in state.hints if h[0] != key and h[0] not in state.ready]
+    state.hints = []
+    if early is None:
+        if named:
+            _start_early(named[0], state.pool)
+            stored, cpu = _compress_group(units, range(len(units)), spec, dic)
+        elif len(units) >= 2 and _bytes(units) >= SPLIT_MIN_BYTES and _idle():
+            stored, cpu = _split_compress(state.pool, state.threads, units, spec, dic)
+        else:
+            stored, cpu = _compress_group(units, range(len(units)), spec, dic)
+    else:
+        if len(named) >= 2:
+            _start_early(named[1], state.pool)
+        if named:
+            _start_early(named[0], None)
+        stored, cpu = early.result()
+    state.beside_s += cpu - (time.perf_counter() - start)
+    return stored, cpu
+
+
+def _start_early(hint: _Hint, pool: concurrent.futures.ThreadPoolExecutor | None) -> None:
+    """Compress what `hint` names before it is asked for: on `pool`, or on this thread now
+    (None)."""
+    key, units, spec, dic = hint
+    if pool is not None:
+        future = pool.submit(_compress_group, units, range(len(units)), spec, dic)
+    else:
+        future = concurrent.futures.Future()
+        future.set_result(_compress_group(units, range(len(units)), spec, dic))
+    ready = _COMPRESSING.ready
+    ready[key] = future
+    while len(ready) > READY_MAX:  # (those never asked for)
+        del ready[next(iter(ready))]
+
+
+def _idle() -> bool:
+    """Whether no compression started early is still running (a split would wait for it)."""
+    return all(f.done() for f in _COMPRESSING.ready.values())
+
+
+def ahead(*steps: tuple[Sequence[bytes], CodecSpec, bytes | None]) -> None:
+    """Name the compressions (units, codec, dictionary) a plan is likely to measure after
+    the next one, in order (`_compressed`): they are compressed early, in pairs on two
+    threads, and taken if asked for; a wrong guess costs time but changes no result.
+    Outside `compress_threads`, nothing."""
+    if _COMPRESSING.pool is not None:
+        _COMPRESSING.hints = [(_key(u, c, d), u, c, d) for u, c, d in steps[:2] if u]
+
+
+def _settle() -> None:
+    """Wait for the compressions running on other threads (`ahead`), so that what this
+    thread times next (a decode) runs with nothing else of the plan's; the wait is wall
+    time the plan spent (taken off `_Compressing.beside_s`)."""
+    state = _COMPRESSING
+    running = [f for f in state.ready.values() if not f.done()]
+    if running:
+        start = time.perf_counter()
+        concurrent.futures.wait(running)
+        state.beside_s -= time.perf_counter() - start
+
+
+def _key(units: Sequence[bytes], spec: CodecSpec, dic: bytes | None) -> tuple[object, ...]:
+    """A compression's identity for `ahead`: the unit objects themselves (a sample's units
+    live as long as the plan), the codec, the dictionary object."""
+    return (spec, id(dic), *map(id, units))
+
+
+def _split_compress(
+    pool: concurrent.futures.ThreadPoolExecutor,
+    threads: int,
+    units: Sequence[bytes],
+    spec: CodecSpec,
+    dic: bytes | None,
+) -> tuple[list[tuple[int, bytes]], float]:
+    """`units` compressed on `threads` threads (this one and `pool`'s), in groups of about as
+    many bytes; each thread's CPU seconds summed."""
+    groups = _split_by_bytes(units, threads)
+    futures = [pool.submit(_compress_group, units, g, spec, dic) for g in groups[1:]]
+    try:
+        done = [_compress_group(units, groups[0], spec, dic)]
+    finally:
+        concurrent.futures.wait(futures)  # (none left running if this thread's part failed)
+    done += [f.result() for f in futures]
+    stored: list[tuple[int, bytes]] = [(0, b"")] * len(units)
+    for group, (out, _) in zip(groups, done, strict=True):
+        for i, obj in zip(group, out, strict=True):
+            stored[i] = obj
+    return stored, sum(took for _, took in done)
+
+
+def _compress_group(
+    units: Sequence[bytes], group: Sequence[int], spec: CodecSpec, dic: bytes | None
+) -> tuple[list[tuple[int, bytes]], float]:
+    """`units[i]` for i in `group` compressed (`compress_object`), and this thread's CPU
+    seconds; the codec's contexts are built first, untimed (`_prepared` times them once)."""
+    prepare(spec, dic)
     start = time.thread_time()
-    stored = [compress_object(u, spec, dic) for u in units]
+    stored = [compress_object(units[i], spec, dic) for i in group]
     return stored, time.thread_time() - start
+
+
+def _split_by_bytes(units: Sequence[bytes], parts: int) -> list[list[int]]:
+    """The indices of `units` in `parts` groups of about as many bytes (largest first, each
+    to the lightest group), each in ascending order."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(len(units)), key=lambda k: -len(units[k])):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += len(units[i])
+    return [sorted(g) for g in groups if g]
+
+
+# A measurement's units are split over the plan's threads only when they hold at least this
+# many bytes: below, handing half to another thread costs more than it saves.
+SPLIT_MIN_BYTES: Final = 32 * 1024
+# Compressions done or started early (`ahead`) kept at most (the oldest, never asked for,
+# are dropped).
+READY_MAX: Final = 4
+
+_Hint = tuple[tuple[object, ...], Sequence[bytes], CodecSpec, "bytes | None"]
+
+
+class _Compressing:
+    """How `_compressed` compresses: on the calling thread alone, or while a plan runs
+    (`compress_threads`) on a pool of others too, with the compression named `ahead` and
+    those started early; and the CPU seconds the compressions counted beyond the wall time
+    they took, all plans together (`PlanCost.note_other` takes a plan's part off its wall
+    time)."""
+
+    def __init__(self) -> None:
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.threads = 1
+        self.hints: list[_Hint] = []
+        self.ready: dict[
+            tuple[object, ...], concurrent.futures.Future[tuple[list[tuple[int, bytes]], float]]
+        ] = {}
+        self.beside_s = 0.0
+
+
+_COMPRESSING: Final = _Compressing()
+
+
+@contextlib.contextmanager
+def compress_threads(threads: int) -> Iterator[None]:
+    """While in it, measurements compress on `threads` threads, as the pack compresses on
+    its jobs: the planning thread and threads - 1 others (`_compressed`). Compression is
+    timed in each thread's CPU time and summed, so a measurement counts what it did on one
+    thread; decodes are timed on the planning thread with nothing else of the plan running
+    (`_settle`). (Nested, or with `threads` below 2: one thread, as outside.)"""
+    if threads < 2 or _COMPRESSING.pool is not None:
+        yield
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads - 1, "plan-compress") as pool:
+        _COMPRESSING.pool, _COMPRESSING.threads = pool, threads
+        try:
+            yield
+        finally:
+            _COMPRESSING.pool, _COMPRESSING.threads, _COMPRESSING.hints = None, 1, []
+            for future in _COMPRESSING.ready.values():
+                future.cancel()
+            _COMPRESSING.ready.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +550,7 @@ def _timed_decode(
     Timed apart, minutes apart, the two sides differ by the machine's speed as well: on 78
     units of the real dataset's `(other)`, zstd:19 over zstd:3 came out 1.13-1.65 and once
     0.35 in twelve pairs of measurements; timed unit by unit beside each other, 1.45-1.47."""
+    _settle()
     clock = time.thread_time
     overhead = _clock_overhead()
 
@@ -429,6 +604,7 @@ def cold_penalty(objects: Objects, warm: Sequence[float], dic: bytes | None) -> 
     cost (docs/benchmarks.md)."""
     if not objects:
         return 0.0
+    _settle()
     dest, source = _eviction_buffers()
     clock = time.thread_time
     overhead = _clock_overhead()
@@ -591,6 +767,11 @@ class PlanCost:
     # measurements count none, so that their plans stay exactly reproducible.
     started: float | None = None
     other_s: float = 0.0
+    # The CPU seconds the plan's compressions ran on other threads beside its own, beyond
+    # their wall time (`compress_threads`), as of the last `note_other`: its wall time is
+    # that much below what it counts (from `_COMPRESSING.beside_s` when it began).
+    beside_s: float = 0.0
+    beside_from: float = field(default_factory=lambda: _COMPRESSING.beside_s)
 
     def counted_s(self) -> float:
         """The seconds counted so far: the sample, the reference pass, the sample's mount
@@ -600,10 +781,14 @@ class PlanCost:
 
     def note_other(self, now: float | None = None) -> float:
         """`other_s` as of `now` (perf_counter; None: now): the plan's wall time so far less
-        what it counted."""
+        what it counted, the compressions' CPU seconds on other threads taken off what it
+        counted (`beside_s`): those ran beside its wall time, not in it. (So the plan's
+        share, counted and besides, still holds its measuring as on one thread: on two,
+        the plan takes less than it counts.)"""
         if self.started is not None:
             at = time.perf_counter() if now is None else now
-            self.other_s = max(at - self.started - self.counted_s(), 0.0)
+            self.beside_s = _COMPRESSING.beside_s - self.beside_from
+            self.other_s = max(at - self.started - self.counted_s() + self.beside_s, 0.0)
         return self.other_s
 
 
@@ -721,29 +906,30 @@ def profile(
     for cls, share in zip(classes, shares, strict=True):
         class_spent = _train_dictionary(cls, candidates, measuring, share) if share > 0 else 0.0
         pairs: list[tuple[Candidate, list[bytes], Measurement]] = []
-        for cand in order:
-            if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
-                continue
-            # Dictionary candidates are measured on the units the dictionary was not trained
-            # on (the odd ones), or the estimate would flatter them.
-            units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
-            pilot = units[: _prefix(units, 0, PILOT_BYTES)]
-            if not pilot:
-                continue
+        pilots = _pilots(cls, order, ref)
+        for k, (cand, units, pilot) in enumerate(pilots):
             if (cls.name, cand) in known:  # measured by an earlier call: resume from it
                 pairs.append((cand, units, known[(cls.name, cand)]))
                 continue
-            rates = seen.get(cand)
-            rate = sorted(rates)[len(rates) // 2] if rates else 0.0
-            # Until a class has shown its cost, a nominal one (a codec that only probes an
-            # incompressible class costs next to nothing, and would mislead the next class).
-            rate = max(rate, cost_rank(cand) * NOMINAL_S_PER_BYTE)
-            guess = rate * sum(len(u) for u in pilot)
+            guess = _pilot_guess(seen, cand, pilot)
             if (pairs or ref is not None) and (share <= 0 or class_spent + guess > share):
                 # Its pilot would take more than this class has left: costlier candidates
                 # are not measured on this class.
                 log.debug("%s: %s not profiled (time budget)", cls.name, cand)
                 continue
+            # The next pilots that would fit if this one costs its guess, compressed early
+            # (`ahead`; a wrong guess is not used).
+            steps: list[tuple[Sequence[bytes], CodecSpec, bytes | None]] = []
+            expect = class_spent + guess
+            for later, _, p in pilots[k + 1 :]:
+                if len(steps) == 2:
+                    break
+                if (cls.name, later) not in known:
+                    cost = _pilot_guess(seen, later, p)
+                    if expect + cost <= share:
+                        expect += cost
+                        steps.append((p, later.spec, cls.dictionary if later.use_dict else None))
+            ahead(*steps)
             m = measuring(cls.name, cand, pilot, cls.dictionary)
             seen.setdefault(cand, []).append(measurement_cost(m) / max(m.raw_bytes, 1))
             class_spent += measurement_cost(m)
@@ -783,6 +969,34 @@ def profile(
         )
         for cls in classes
     ]
+
+
+def _pilot_guess(seen: dict[Candidate, list[float]], cand: Candidate, pilot: list[bytes]) -> float:
+    """What measuring `cand` on `pilot` is guessed to cost: the median cost per byte of its
+    pilots on earlier classes (`seen`), at least a nominal one (until a class has shown its
+    cost: a codec that only probes an incompressible class costs next to nothing, and would
+    mislead the next class)."""
+    rates = seen.get(cand)
+    rate = sorted(rates)[len(rates) // 2] if rates else 0.0
+    rate = max(rate, cost_rank(cand) * NOMINAL_S_PER_BYTE)
+    return rate * _bytes(pilot)
+
+
+def _pilots(
+    cls: ClassSample, order: Sequence[Candidate], ref: Candidate | None
+) -> list[tuple[Candidate, list[bytes], list[bytes]]]:
+    """The candidates `profile` may measure on `cls`, in `order`: each with the units it is
+    measured on and its pilot's. Dictionary candidates are measured on the units the
+    dictionary was not trained on (the odd ones), or the estimate would flatter them."""
+    out = []
+    for cand in order:
+        if cand in (NONE, ref) or (cand.use_dict and cls.dictionary is None):
+            continue
+        units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
+        pilot = units[: _prefix(units, 0, PILOT_BYTES)]
+        if pilot:
+            out.append((cand, units, pilot))
+    return out
 
 
 ColdFn = Callable[[Sequence[ClassSample]], MountedSample]
@@ -858,23 +1072,45 @@ def _extend(
     while grew and left > 0:
         grew = False
         for i, (cand, units, _) in enumerate(pairs):
+            end = _extension(units, done[i], left)
+            if end is None:
+                continue
             m = done[i]
-            if m.units >= len(units) or left <= 0:
-                continue
-            rate = measurement_cost(m) / max(m.raw_bytes, 1)
-            want = max(m.raw_bytes, PILOT_BYTES)
-            if rate > 0:
-                want = min(want, int(left / rate))
-            end = _prefix(units, m.units, want) if want > 0 else m.units
-            if rate > 0 and rate * sum(len(u) for u in units[m.units : end]) > left:
-                end -= 1  # the last unit would overrun: leave it
-            if end <= m.units:
-                continue
+            # The next pairs' steps as they would be if this one costs what its rate says,
+            # compressed early (`ahead`; a wrong guess is not used).
+            guess = left - measurement_cost(m) / max(m.raw_bytes, 1) * _bytes(units[m.units : end])
+            steps: list[tuple[Sequence[bytes], CodecSpec, bytes | None]] = []
+            for j in range(i + 1, len(pairs)):
+                later = _extension(pairs[j][1], done[j], guess)
+                if later is not None and len(steps) < 2:
+                    dic = cls.dictionary if pairs[j][0].use_dict else None
+                    steps.append((pairs[j][1][done[j].units : later], pairs[j][0].spec, dic))
+            ahead(*steps)
             more = measure_fn(cls.name, cand, units[m.units : end], cls.dictionary)
             left -= measurement_cost(more)
             done[i] = m + more
             grew = True
     return [(cand, m) for (cand, _, _), m in zip(pairs, done, strict=True)]
+
+
+def _extension(units: list[bytes], m: Measurement, left: float) -> int | None:
+    """Where `_extend`'s next step of a pair measured as `m` on the first `m.units` of `units`
+    ends, with `left` seconds: as many more bytes as it has seen (at least PILOT_BYTES), cut
+    to what its cost per byte so far says fits; None if no unit does."""
+    if m.units >= len(units) or left <= 0:
+        return None
+    rate = measurement_cost(m) / max(m.raw_bytes, 1)
+    want = max(m.raw_bytes, PILOT_BYTES)
+    if rate > 0:
+        want = min(want, int(left / rate))
+    end = _prefix(units, m.units, want) if want > 0 else m.units
+    if rate > 0 and rate * _bytes(units[m.units : end]) > left:
+        end -= 1  # the last unit would overrun: leave it
+    return end if end > m.units else None
+
+
+def _bytes(units: Sequence[bytes]) -> int:
+    return sum(len(u) for u in units)
 
 
 # After the selection, a class whose chosen candidate was measured on fewer units than this
