@@ -5,6 +5,7 @@ injected measurements, and the messages for constraints no plan can meet."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -1558,6 +1559,107 @@ def test_a_plan_reports_its_wall_time_besides_measuring(
     assert ", %.1f s besides (the selections);" % plan.cost.other_s in line
 
 
+def test_a_plan_on_two_jobs_compresses_on_two_threads_and_counts_one(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Measured for real on the pack's 2 jobs: compressions run on the plan's own thread and
+    # one more, each timed in its thread's CPU time; what ran beside the plan's thread is
+    # reported, and the plan counts its measuring as on one thread (its wall time plus the
+    # seconds beside).
+    import threading
+
+    from fanfs.optimizer import measurement
+    from fanfs.plan import summary_lines
+
+    threads: set[str] = set()
+    real_group = measurement._compress_group
+
+    def group(*args: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        return real_group(*args)
+
+    monkeypatch.setattr(measurement, "_compress_group", group)
+    settings = dataclasses.replace(_slow_pack_settings(), read_model=None, jobs=2)
+    plan = _make_plan(tree, settings, measure, read_unit)
+    assert any(name.startswith("plan-compress") for name in threads)
+    assert threading.current_thread().name in threads
+    assert measurement._COMPRESSING.pool is None  # (gone with the plan)
+    cost = plan.cost
+    assert cost.counted_s() + cost.other_s == pytest.approx(
+        plan.elapsed_s + cost.beside_s, abs=0.01
+    )
+    record = plan_record(plan)
+    assert record["sample"]["beside_s"] == round(max(cost.beside_s, 0.0), 3)
+    (line,) = [line for line in summary_lines(record) if line.startswith("plan cost")]
+    if record["sample"]["beside_s"]:
+        assert (
+            "; %.1f s of the measurement ran beside the plan's thread (compressing)"
+            % (record["sample"]["beside_s"])
+            in line
+        )
+
+
+def _units(seed: int, sizes: Sequence[int]) -> list[bytes]:
+    rnd = random.Random(seed)
+    words = [bytes(rnd.choice(b"abcdefgh") for _ in range(6)) for _ in range(50)]
+    return [b" ".join(rnd.choice(words) for _ in range(size // 7))[:size] for size in sizes]
+
+
+def test_compressions_split_over_threads_give_the_bytes_of_one() -> None:
+    from fanfs.optimizer import measurement
+
+    units = _units(1, [60_000, 5_000, 40_000, 30_000, 20_000])
+    spec = parse_codec("zstd:9")
+    alone, _ = measurement._compressed(units, spec, None)
+    before = measurement._COMPRESSING.beside_s
+    with measurement.compress_threads(2):
+        split, cpu = measurement._compressed(units, spec, None)
+    assert split == alone
+    assert cpu > 0
+    assert measurement._COMPRESSING.beside_s != before  # (what the split saved, or lost)
+    # about as many bytes on each thread: the largest first, each to the lightest group
+    assert measurement._split_by_bytes(units, 2) == [[0, 4], [1, 2, 3]]
+    assert measurement._split_by_bytes(units[:1], 2) == [[0]]
+
+
+def test_a_compression_named_ahead_is_done_early_and_a_wrong_guess_is_not_used() -> None:
+    from fanfs.optimizer import measurement
+
+    a, b, c, d = (
+        _units(n, sizes)
+        for n, sizes in enumerate(([20_000, 30_000], [25_000], [10_000, 10_000], [15_000]))
+    )
+    spec = parse_codec("zstd:6")
+    alone = [measurement._compressed(u, spec, None)[0] for u in (a, b, c, d)]
+    state = measurement._COMPRESSING
+    key = functools.partial(measurement._key, spec=spec, dic=None)
+    with measurement.compress_threads(2):
+        # not done early: a here, the first named (b) on the other thread
+        measurement.ahead((b, spec, None), (c, spec, None))
+        assert measurement._compressed(a, spec, None)[0] == alone[0]
+        assert list(state.ready) == [key(b)]
+        # done early: b taken, the next two named compressed, c here and d there
+        measurement.ahead((c, spec, None), (d, spec, None))
+        assert measurement._compressed(b, spec, None)[0] == alone[1]
+        assert sorted(state.ready) == sorted([key(c), key(d)])
+        assert measurement._compressed(c, spec, None)[0] == alone[2]
+        assert measurement._compressed(d, spec, None)[0] == alone[3]
+        assert not state.ready
+        # named with another codec: compressed early, never taken
+        measurement.ahead((a, parse_codec("zstd:1"), None))
+        assert measurement._compressed(b, spec, None)[0] == alone[1]
+        assert measurement._compressed(a, spec, None)[0] == alone[0]
+        # a decode is timed with nothing compressing beside it
+        measurement.ahead((c, parse_codec("lzma:6"), None))
+        measurement._compressed(b, spec, None)
+        measurement._timed_decode([(0, u, len(u)) for u in a], None)
+        assert all(f.done() for f in state.ready.values())
+    assert state.pool is None and not state.ready and not state.hints
+    # outside a plan's threads, naming is nothing
+    measurement.ahead((b, spec, None))
+    assert not state.hints
+
+
 def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: Path) -> None:
     # The balanced mode (and a loose decode budget) will store the compressible classes with
     # a dense zstd level: the pack it predicts, and so its share for measuring, counts that
@@ -2077,6 +2179,31 @@ def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node()
     assert est.stored_bytes == pytest.approx(500_000 - 1000 * (400 - 400 / 1.5), rel=1e-3)
     assert solid["src/*.txt"].walk == pytest.approx(0.005)
     assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
+
+
+def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do() -> None:
+    """Compressing costs 100 us a call besides 1 ns a byte: the 64 sampled files alone take
+    6.464 ms, the same bytes in 4 blocks 0.464 ms. The pack compresses the class's small
+    files (all of them) in blocks, so its solid option's compress time, from which the
+    pack's time is predicted, is the files' 1 s times 464 / 6464."""
+    from fanfs.optimizer.budgets import SolidOptions, _measure_balanced_solid
+
+    cls, prof = _tiny_files()
+    per_object = _per_object_measure(64e-6)
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        m = per_object(class_name, cand, units, dictionary)
+        return dataclasses.replace(m, compress_s=len(units) * 100e-6 + m.raw_bytes * 1e-9)
+
+    solid = SolidOptions(1)
+    first = select([prof], Objective("balanced", 0.030))
+    _measure_balanced_solid([cls], [prof], first, 16384, 1 << 30, fn, PlanCost(None), solid)
+    [options] = solid.options([prof])
+    by_solid = {(str(e.candidate), e.solid): e.compress_s for e in options.estimates}
+    assert by_solid[("zstd:19", True)] == pytest.approx(464 / 6464)
+    assert by_solid[("zstd:19", False)] == 1.0
 
 
 def _solid_confirm_case(seconds: float) -> tuple[Any, Any, float, PlanCost]:
