@@ -2181,31 +2181,6 @@ def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node()
     assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
 
 
-def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do() -> None:
-    """Compressing costs 100 us a call besides 1 ns a byte: the 64 sampled files alone take
-    6.464 ms, the same bytes in 4 blocks 0.464 ms. The pack compresses the class's small
-    files (all of them) in blocks, so its solid option's compress time, from which the
-    pack's time is predicted, is the files' 1 s times 464 / 6464."""
-    from fanfs.optimizer.budgets import SolidOptions, _measure_balanced_solid
-
-    cls, prof = _tiny_files()
-    per_object = _per_object_measure(64e-6)
-
-    def fn(
-        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
-    ) -> Measurement:
-        m = per_object(class_name, cand, units, dictionary)
-        return dataclasses.replace(m, compress_s=len(units) * 100e-6 + m.raw_bytes * 1e-9)
-
-    solid = SolidOptions(1)
-    first = select([prof], Objective("balanced", 0.030))
-    _measure_balanced_solid([cls], [prof], first, 16384, 1 << 30, fn, PlanCost(None), solid)
-    [options] = solid.options([prof])
-    by_solid = {(str(e.candidate), e.solid): e.compress_s for e in options.estimates}
-    assert by_solid[("zstd:19", True)] == pytest.approx(464 / 6464)
-    assert by_solid[("zstd:19", False)] == 1.0
-
-
 def _solid_confirm_case(seconds: float) -> tuple[Any, Any, float, PlanCost]:
     """`_tiny_files` chosen in solid blocks on its four runs, whose blocks decode in 80 us
     (64 us a block and 1 ns a byte), then its blocks measured again on 12 more runs, whose
