@@ -239,7 +239,7 @@ def _compressed(
     summed: what one thread would take."""
     state = _COMPRESSING
     if state.pool is None:
-        return _compress_group(units, range(len(units)), spec, dic)
+        return _compress_group(units, None, spec, dic)
     start = time.perf_counter()
     key = _key(units, spec, dic)
     early = state.ready.pop(key, None)
@@ -248,11 +248,11 @@ def _compressed(
     if early is None:
         if named:
             _start_early(named[0], state.pool)
-            stored, cpu = _compress_group(units, range(len(units)), spec, dic)
+            stored, cpu = _compress_group(units, None, spec, dic)
         elif len(units) >= 2 and _bytes(units) >= SPLIT_MIN_BYTES and _idle():
             stored, cpu = _split_compress(state.pool, state.threads, units, spec, dic)
         else:
-            stored, cpu = _compress_group(units, range(len(units)), spec, dic)
+            stored, cpu = _compress_group(units, None, spec, dic)
     else:
         if len(named) >= 2:
             _start_early(named[1], state.pool)
@@ -268,10 +268,10 @@ def _start_early(hint: _Hint, pool: concurrent.futures.ThreadPoolExecutor | None
     (None)."""
     key, units, spec, dic = hint
     if pool is not None:
-        future = pool.submit(_compress_group, units, range(len(units)), spec, dic)
+        future = pool.submit(_compress_group, units, None, spec, dic)
     else:
         future = concurrent.futures.Future()
-        future.set_result(_compress_group(units, range(len(units)), spec, dic))
+        future.set_result(_compress_group(units, None, spec, dic))
     ready = _COMPRESSING.ready
     ready[key] = future
     while len(ready) > READY_MAX:  # (those never asked for)
@@ -334,13 +334,15 @@ def _split_compress(
 
 
 def _compress_group(
-    units: Sequence[bytes], group: Sequence[int], spec: CodecSpec, dic: bytes | None
+    units: Sequence[bytes], group: Sequence[int] | None, spec: CodecSpec, dic: bytes | None
 ) -> tuple[list[tuple[int, bytes]], float]:
-    """`units[i]` for i in `group` compressed (`compress_object`), and this thread's CPU
-    seconds; the codec's contexts are built first, untimed (`_prepared` times them once)."""
+    """`units[i]` for i in `group` (None: every unit) compressed (`compress_object`), and
+    this thread's CPU seconds; the codec's contexts are built first, untimed (`_prepared`
+    times them once)."""
     prepare(spec, dic)
+    picked = units if group is None else [units[i] for i in group]
     start = time.thread_time()
-    stored = [compress_object(units[i], spec, dic) for i in group]
+    stored = [compress_object(u, spec, dic) for u in picked]
     return stored, time.thread_time() - start
 
 
@@ -1081,8 +1083,10 @@ def _extend(
             guess = left - measurement_cost(m) / max(m.raw_bytes, 1) * _bytes(units[m.units : end])
             steps: list[tuple[Sequence[bytes], CodecSpec, bytes | None]] = []
             for j in range(i + 1, len(pairs)):
+                if len(steps) == 2:
+                    break
                 later = _extension(pairs[j][1], done[j], guess)
-                if later is not None and len(steps) < 2:
+                if later is not None:
                     dic = cls.dictionary if pairs[j][0].use_dict else None
                     steps.append((pairs[j][1][done[j].units : later], pairs[j][0].spec, dic))
             ahead(*steps)
