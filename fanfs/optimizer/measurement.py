@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -501,23 +502,58 @@ def measure_reference(
     }
 
 
-def _profiling(measure_fn: MeasureFn, ref: Candidate | None) -> MeasureFn:
+# A decoder's cold penalty on a class, from the candidates of that decoder measured cold
+# on it so far (`_profiling`): by (class name, codec id, shuffle), the first such candidate
+# and each of its measurements' (penalty per object, objects timed cold).
+ColdDonors = dict[tuple[str, int, int], tuple[Candidate, list[tuple[float, int]]]]
+
+
+def _profiling(
+    measure_fn: MeasureFn, ref: Candidate | None, donors: ColdDonors | None = None
+) -> MeasureFn:
     """`measure_fn` as profiling calls it: `measure` times a candidate's decode with cold
-    caches only where `_project` uses it. A candidate of the reference's decoder takes the
-    reference's cold penalty and a dictionary candidate its own (`dictionary_penalty`), so
-    their cold decodes were spent for nothing: on the real dataset those decodes (each a
-    4 MiB eviction before each of 16 units, three times) took 28 s of a plan's 64 s of
-    measurement, a third of it on such candidates."""
+    caches only where `_project` uses it, and once per decoder and class. A candidate of
+    the reference's decoder takes the reference's cold penalty and a dictionary candidate
+    its own (`dictionary_penalty`), so their cold decodes were spent for nothing: on the
+    real dataset those decodes (each a 4 MiB eviction before each of 16 units, three
+    times) took 28 s of a plan's 64 s of measurement, a third of it on such candidates.
+    Likewise the levels of one other decoder (brotli's four, lz4 and lz4hc, one shuffle's
+    zstd levels): the first measured on a class is timed cold, each time it is measured, and
+    the others take its penalty per object (`_with_penalty`); the cold penalty is the
+    decoder's state and tables fetched again, and timed on a few objects it varied by
+    1.3-1.9x between runs on the same units, more than between the levels. In `donors`
+    (kept across calls: confirming resumes from profiling's)."""
     if measure_fn is not measure or ref is None:  # (no reference: each pays its own)
         return measure_fn
+    donors = {} if donors is None else donors
 
     def measuring(
         class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
     ) -> Measurement:
-        cold = cand == ref or not (cand.use_dict or _same_decoder(cand, ref))
-        return measure(class_name, cand, units, dictionary, cold=cold)
+        if cand != ref and (cand.use_dict or _same_decoder(cand, ref)):
+            return measure(class_name, cand, units, dictionary, cold=False)
+        group = (class_name, cand.spec.codec_id, cand.spec.shuffle)
+        donor = donors.get(group)
+        if donor is not None and donor[0] != cand:
+            m = measure(class_name, cand, units, dictionary, cold=False)
+            timed = sum(n for _, n in donor[1])
+            return _with_penalty(m, sum(p * n for p, n in donor[1]) / max(timed, 1))
+        m = measure(class_name, cand, units, dictionary, cold=True)
+        donors.setdefault(group, (cand, []))[1].append(
+            (per_object_penalty(m), min(m.units, COLD_UNITS))
+        )
+        return m
 
     return measuring
+
+
+def _with_penalty(m: Measurement, penalty: float) -> Measurement:
+    """`m` (timed hot only) with a cold penalty of `penalty` seconds per object, as `measure`
+    adds its own (`_measurement`)."""
+    if m.decode_s <= 0 or penalty <= 0:
+        return m
+    factor = 1.0 + m.units * penalty / m.decode_s
+    return dataclasses.replace(m, decode_s=m.decode_s * factor, cold=factor)
 
 
 Objects = Sequence[tuple[int, bytes, int]]  # per unit: (codec id, stored bytes, decoded size)
@@ -759,6 +795,8 @@ class PlanCost:
     # and each class's cost of serving raw chunks (`raw_serving`)
     penalties: dict[tuple[str, int], float] = field(default_factory=dict)
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # each decoder's cold penalty on each class so far (`_profiling`)
+    cold_donors: ColdDonors = field(default_factory=dict)
     # The sample's mount (`coldmount.sample_mount`; None: not tried), and what it shifts each
     # class's cold penalty per object by (`cold_shifts`): a class not in it keeps the method.
     mounted: MountedSample | None = None
@@ -835,7 +873,7 @@ def profile(
     seconds from an earlier call are resumed from and count against the budget.
     """
     ref = reference_of(candidates)
-    measuring = _profiling(measure_fn, ref)
+    measuring = _profiling(measure_fn, ref, spent_out.cold_donors if spent_out else None)
     known = spent_out.totals if spent_out is not None else {}
     penalties = spent_out.penalties if spent_out is not None else {}
     raw = spent_out.raw if spent_out is not None else {}
@@ -1198,7 +1236,7 @@ def confirm(
     measurements join `cost.totals` and count in `cost.measure_s`; returns the seconds
     spent (0: nothing to confirm, or no room)."""
     ref = reference_of(candidates)
-    measuring = _profiling(measure_fn, ref)
+    measuring = _profiling(measure_fn, ref, cost.cold_donors)
     spent = 0.0
     # First every choice on CONFIRM_UNITS (what decides a size win), then more units where
     # the decode estimate needs them, with the seconds left.

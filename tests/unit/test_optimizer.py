@@ -501,6 +501,57 @@ def test_profiling_times_cold_only_the_candidates_whose_own_penalty_is_used(
     assert optimizer._profiling(measure, None) is measure
 
 
+def test_the_levels_of_one_decoder_share_its_cold_penalty_on_a_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # brotli:11, measured first on a class, is timed cold, each time (its penalties 4 and
+    # 1 ms, over 4 and 16 objects: 1.6 ms); brotli:9 and brotli:1 are not, and pay 1.6 ms
+    # per object; the first brotli level on another class, and lz4 (another decoder), a
+    # shuffle's zstd (zstd and a pass of its own) are timed; so is the reference.
+    import fanfs.optimizer.measurement as optimizer
+
+    penalties = iter([4e-3, 1e-3, 2e-3, 3e-3, 5e-3, 6e-3])
+    calls: list[str] = []
+
+    def penalty(objects: Sequence[object], warm: Sequence[float], dic: bytes | None) -> float:
+        calls.append(current)
+        return next(penalties)
+
+    monkeypatch.setattr(optimizer, "cold_penalty", penalty)
+    units = [b"row %d of a table\n" % i * 200 for i in range(16)]
+    donors: optimizer.ColdDonors = {}
+    measuring = optimizer._profiling(measure, REFERENCE, donors)
+    brotli = [Candidate(parse_codec(c)) for c in ("brotli:11", "brotli:9", "brotli:1")]
+    shuffled = Candidate(parse_codec("zstd:19+shuf4"))
+    got = {}
+    for current, cls, cand, n in [
+        ("11", "c", brotli[0], 4),
+        ("11+", "c", brotli[0], 16),
+        ("9", "c", brotli[1], 16),
+        ("1", "c", brotli[2], 2),
+        ("9 on d", "d", brotli[1], 4),
+        ("lz4", "c", LZ4, 4),
+        ("shuf", "c", shuffled, 4),
+        ("ref", "c", REFERENCE, 4),
+    ]:
+        got[current] = measuring(cls, cand, units[:n], None)
+    assert calls == ["11", "11+", "9 on d", "lz4", "shuf", "ref"]
+    for name, each in [("11", 4e-3), ("11+", 1e-3), ("9", 1.6e-3), ("1", 1.6e-3), ("9 on d", 2e-3)]:
+        m = got[name]
+        assert optimizer.per_object_penalty(m) == pytest.approx(each), name
+        assert m.decode_s == pytest.approx(m.decode_s / m.cold + m.units * each), name
+    assert {k[0]: v[0] for k, v in donors.items() if k[1] == brotli[0].spec.codec_id} == {
+        "c": brotli[0],
+        "d": brotli[1],
+    }
+    # confirming resumes from profiling's donors (PlanCost.cold_donors)
+    calls.clear()
+    cost = PlanCost(None, cold_donors=donors)
+    m = optimizer._profiling(measure, REFERENCE, cost.cold_donors)("c", brotli[2], units[:4], None)
+    assert calls == []
+    assert optimizer.per_object_penalty(m) == pytest.approx(1.6e-3)
+
+
 def test_the_reference_is_timed_in_sweeps_over_the_classes_and_takes_each_median(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -2177,6 +2228,31 @@ def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node()
     assert est.stored_bytes == pytest.approx(500_000 - 1000 * (400 - 400 / 1.5), rel=1e-3)
     assert solid["src/*.txt"].walk == pytest.approx(0.005)
     assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
+
+
+def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do() -> None:
+    """Compressing costs 100 us a call besides 1 ns a byte: the 64 sampled files alone take
+    6.464 ms, the same bytes in 4 blocks 0.464 ms. The pack compresses the class's small
+    files (all of them) in blocks, so its solid option's compress time, from which the
+    pack's time is predicted, is the files' 1 s times 464 / 6464."""
+    from fanfs.optimizer.budgets import SolidOptions, _measure_balanced_solid
+
+    cls, prof = _tiny_files()
+    per_object = _per_object_measure(64e-6)
+
+    def fn(
+        class_name: str, cand: Candidate, units: Sequence[bytes], dictionary: bytes | None
+    ) -> Measurement:
+        m = per_object(class_name, cand, units, dictionary)
+        return dataclasses.replace(m, compress_s=len(units) * 100e-6 + m.raw_bytes * 1e-9)
+
+    solid = SolidOptions(1)
+    first = select([prof], Objective("balanced", 0.030))
+    _measure_balanced_solid([cls], [prof], first, 16384, 1 << 30, fn, PlanCost(None), solid)
+    [options] = solid.options([prof])
+    by_solid = {(str(e.candidate), e.solid): e.compress_s for e in options.estimates}
+    assert by_solid[("zstd:19", True)] == pytest.approx(464 / 6464)
+    assert by_solid[("zstd:19", False)] == 1.0
 
 
 def _solid_confirm_case(seconds: float) -> tuple[Any, Any, float, PlanCost]:
