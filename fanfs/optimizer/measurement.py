@@ -1201,16 +1201,34 @@ def _small_sample(units: int) -> float:
     return t / 1.96
 
 
-def confirm_units(m: Measurement, base: Sequence[float], available: int) -> int:
+# A candidate whose decoder's pace follows the content (brotli, lzma) decodes unlike the
+# reference from one unit to the next: brotli:11 over zstd:3, per 128 KiB block of the real
+# dataset's PAM images and `.syso` objects, had a coefficient of variation of 0.49 and 0.41
+# (p10-p90 1.6-5.2x; zstd:12 over zstd:3 on the HTML 0.15, lz4hc:9 with a shuffle on the PPM
+# images 0.19). A few units' own spread does not show it: brotli:11 was chosen for the PAM
+# images on 4 units that decoded at 0.56x the class's rate, and the class decoded 1.85x its
+# prediction through the mount (docs/benchmarks.md, "2026-11-29, evening"). So its decode
+# estimate's error is taken as at least this over the square root of its units.
+CONTENT_PACED_CV: Final = 0.45
+
+
+def _error_floor(cand: Candidate) -> float:
+    """CONTENT_PACED_CV for a candidate of brotli or lzma, else 0."""
+    return CONTENT_PACED_CV if cand.spec.codec_id in (CODEC_BROTLI, CODEC_LZMA) else 0.0
+
+
+def confirm_units(m: Measurement, base: Sequence[float], available: int, floor: float = 0.0) -> int:
     """How many units `confirm` wants a chosen candidate measured on: CONFIRM_UNITS, or as
-    many as a decode estimate within CONFIRM_ERROR needs (`decode_error` over `base`, widened
-    by `_small_sample`: an error estimated from 4 units is itself uncertain, and on the real
+    many as a decode estimate within CONFIRM_ERROR needs (`decode_error` over `base`, at
+    least `floor` over the square root of the units (`_error_floor`), widened by
+    `_small_sample`: an error estimated from 4 units is itself uncertain, and on the real
     dataset lzma:6 choices confirmed on 4 units of the PAM, PPM and `.syso` images decoded
     1.5-1.7x their projection outside the mount; the error shrinks with the square root of
     the units), at most CONFIRM_MAX_UNITS and `available`."""
     want = CONFIRM_UNITS
     error = decode_error(m, base)
     if error is not None:
+        error = max(error, floor / math.sqrt(m.units))
         wide = error * _small_sample(m.units)
         if wide > CONFIRM_ERROR:
             want = max(want, math.ceil(m.units * (wide / CONFIRM_ERROR) ** 2))
@@ -1258,7 +1276,8 @@ def confirm(
             least = min(CONFIRM_UNITS, len(units))
             want = least
             if more_for_decode:
-                want = confirm_units(m, _decode_base(cls, cand, m, ref, cost), len(units))
+                base = _decode_base(cls, cand, m, ref, cost)
+                want = confirm_units(m, base, len(units), _error_floor(cand))
             rate = measurement_cost(m) / max(m.raw_bytes, 1)
             while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
                 seconds - spent
@@ -1283,12 +1302,15 @@ def _decode_doubt(
     itself without per-unit times). On the real dataset the balanced plan's choices that
     stood on 4 units (brotli:11 for `.mo` and `(other)`, lzma:6 for PPM) carried 9-13% of
     its decode each and read 1.5-2.5x their projection, while confirming, ordered by bytes,
-    spent its seconds on the PNG and Python classes first."""
+    spent its seconds on the PNG and Python classes first. (A brotli or lzma candidate's
+    error is at least `_error_floor`'s.)"""
     m = cost.totals.get((cls.name, cand))
     if m is None or m.raw_bytes <= 0:
         return 0.0
     projected = m.decode_s * cls.total_bytes / m.raw_bytes
     error = decode_error(m, _decode_base(cls, cand, m, ref, cost))
+    if error is not None:
+        error = max(error, _error_floor(cand) / math.sqrt(m.units))
     return projected * (1.0 if error is None else min(error * _small_sample(m.units), 1.0))
 
 
