@@ -1484,6 +1484,63 @@ def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
     assert last.choices[0].compress_s == 300.0
 
 
+def test_after_confirming_a_choice_rests_on_the_units_confirming_asks(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Confirming's seconds run out (compressing is slow, the budget small) while the best
+    candidate of the text class stands on its one-unit pilot: the plan selects among the
+    estimates measured on 4 units (or all the sample holds) instead. Without that step the
+    same plan keeps the one-unit choice."""
+    import fanfs.optimizer.budgets as budgets
+
+    settings = PlanSettings(
+        read_model=ReadModel(1e-4, 1e9, "given"), seed=1, sample_bytes=1 << 20, time_budget_s=0.1
+    )
+
+    def few(plan: Plan) -> list[str]:
+        classes = {c.name: c for c in plan_classes(tree)}
+        return [
+            "%s %s on %d" % (prof.name, est.candidate, est.sample_units)
+            for prof, est in zip(plan.profiles, plan.selection.choices, strict=True)
+            if not budgets._enough_units(est, classes[prof.name])
+        ]
+
+    plan = _make_plan(tree, settings, _slow_measure)
+    assert few(plan) == []
+    assert str(plan.choice("./*.txt")[0]) == "zstd:3"  # (the only one measured on enough)
+    monkeypatch.setattr(budgets, "_unconfirmed", lambda *args: False)
+    assert few(_make_plan(tree, settings, _slow_measure)) == ["./*.txt zstd:19+shuf4 on 1"]
+
+
+def test_enough_units_are_four_or_all_the_sample_holds_for_the_candidate() -> None:
+    from fanfs.optimizer.budgets import _enough_units
+
+    def est(cand: Candidate, units: int) -> Estimate:
+        return Estimate(cand, 100, 0.1, 0.1, units, units * 100)
+
+    zstd9d = Candidate(parse_codec("zstd:9"), use_dict=True)
+    big = ClassSample("a/*.txt", units=[b"x" * 100] * 10)
+    small = ClassSample("b/*.txt", units=[b"x" * 100] * 3)
+    assert not _enough_units(est(ZSTD19, 3), big) and _enough_units(est(ZSTD19, 4), big)
+    assert _enough_units(est(ZSTD19, 3), small)  # every unit the sample holds
+    # a dictionary candidate is measured on the odd units (the even ones train it)
+    assert not _enough_units(est(zstd9d, 3), big) and _enough_units(est(zstd9d, 4), big)
+    assert _enough_units(est(zstd9d, 1), small)
+    assert _enough_units(est(NONE, 0), big)
+
+
+def plan_classes(root: Path) -> list[ClassSample]:
+    """The classes and samples `_make_plan` draws of the tree at `root`."""
+    from fanfs.optimizer import sample_classes
+    from fanfs.pack import walk_tree
+
+    classes, _ = sample_classes(
+        walk_tree(str(root)), chunk_size=64 * 1024, sample_bytes=1 << 20, seed=1,
+        reader=_nominal_read,
+    )  # fmt: skip
+    return classes
+
+
 @pytest.mark.parametrize("room", ["both", "solid", "none"])
 def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_plan(
     tree: Path, monkeypatch: pytest.MonkeyPatch, room: str
@@ -1527,6 +1584,9 @@ def test_the_measuring_after_the_rounds_stops_at_the_share_of_the_pack_with_the_
     monkeypatch.setattr(budgets, "_budget_rounds", rounds)
     monkeypatch.setattr(budgets, "_confirm_rounds", confirm_rounds)
     monkeypatch.setattr(budgets, "_solid_classes", solid_classes)
+    # (the selection among confirmed estimates after confirming would predict its own pack:
+    # this test sets the predictions)
+    monkeypatch.setattr(budgets, "_unconfirmed", lambda *args: False)
     settings = _slow_pack_settings()
     plan = make_plan(
         walk_tree(str(tree)),
