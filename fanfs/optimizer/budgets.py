@@ -22,7 +22,6 @@ from fanfs.optimizer.classes import FileRef
 from fanfs.optimizer.coldmount import sample_mount
 from fanfs.optimizer.measurement import (
     CONFIRM_UNITS,
-    CONTENT_PACED_UNITS,
     ClassProfile,
     Estimate,
     MeasureFn,
@@ -30,7 +29,6 @@ from fanfs.optimizer.measurement import (
     PlanCost,
     compress_threads,
     confirm,
-    content_paced,
     measure,
     measurement_cost,
     profile,
@@ -645,13 +643,10 @@ def _reselect(
 
 
 def _enough_units(est: Estimate, cls: ClassSample) -> bool:
-    """Whether `est` rests on as many units as confirming asks of a choice: CONFIRM_UNITS
-    (CONTENT_PACED_UNITS for brotli and lzma, whose decode 4 units do not tell: brotli:11
-    was chosen for the PAM images on 4 units in Z25 and read 2.1x its prediction), or every
-    unit the class's sample holds for its candidate (NONE needs none)."""
+    """Whether `est` rests on as many units as confirming asks of a choice: CONFIRM_UNITS,
+    or every unit the class's sample holds for its candidate (NONE needs none)."""
     held = cls.measure_units[1::2] if est.candidate.use_dict else cls.measure_units
-    need = CONTENT_PACED_UNITS if content_paced(est.candidate) else CONFIRM_UNITS
-    return est.candidate == NONE or est.sample_units >= min(need, len(held))
+    return est.candidate == NONE or est.sample_units >= min(CONFIRM_UNITS, len(held))
 
 
 def _confirmed(profiles: list[ClassProfile], classes: list[ClassSample]) -> list[ClassProfile]:

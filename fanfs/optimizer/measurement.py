@@ -1212,19 +1212,9 @@ def _small_sample(units: int) -> float:
 CONTENT_PACED_CV: Final = 0.45
 
 
-# ... and such a choice stands only on this many units (or all the sample holds): a standard
-# error of 11% at most on its decode, against 22% on CONFIRM_UNITS (`budgets._confirmed`).
-CONTENT_PACED_UNITS: Final = 16
-
-
-def content_paced(cand: Candidate) -> bool:
-    """Whether `cand`'s decoder's pace follows the content (brotli, lzma)."""
-    return cand.spec.codec_id in (CODEC_BROTLI, CODEC_LZMA)
-
-
 def _error_floor(cand: Candidate) -> float:
     """CONTENT_PACED_CV for a candidate of brotli or lzma, else 0."""
-    return CONTENT_PACED_CV if content_paced(cand) else 0.0
+    return CONTENT_PACED_CV if cand.spec.codec_id in (CODEC_BROTLI, CODEC_LZMA) else 0.0
 
 
 def confirm_units(m: Measurement, base: Sequence[float], available: int, floor: float = 0.0) -> int:

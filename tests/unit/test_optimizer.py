@@ -1527,12 +1527,6 @@ def test_enough_units_are_four_or_all_the_sample_holds_for_the_candidate() -> No
     assert not _enough_units(est(zstd9d, 3), big) and _enough_units(est(zstd9d, 4), big)
     assert _enough_units(est(zstd9d, 1), small)
     assert _enough_units(est(NONE, 0), big)
-    # brotli's and lzma's decode follows the content: 16 units, or all the sample holds
-    brotli, many = Candidate(parse_codec("brotli:11")), ClassSample("c", units=[b"x"] * 20)
-    assert not _enough_units(est(brotli, 15), many) and _enough_units(est(brotli, 16), many)
-    lzma = Candidate(parse_codec("lzma:6"))
-    assert _enough_units(est(brotli, 10), big) and _enough_units(est(lzma, 3), small)
-    assert not _enough_units(est(lzma, 9), big)
 
 
 def plan_classes(root: Path) -> list[ClassSample]:
