@@ -655,9 +655,8 @@ def _confirmed(profiles: list[ClassProfile], classes: list[ClassSample]) -> list
     its selection, and the next selection brought new ones of one or two units in the small
     classes, where many candidates lie within a few percent (on the real dataset the GIMP
     `.pgm` images went from zstd:15 to brotli:11, zstd:19, brotli:11, zstd:12 and zstd:9,
-    kept on 2 units; in two plans of three, brotli:11 stood on 2 units of the PAM images and
-    decoded 2.1x its prediction through the mount, docs/benchmarks.md, "2026-11-29,
-    evening")."""
+    kept on 2 units; in run Z24 brotli:11 stood on 2 units of the PAM images and decoded
+    2.1x its prediction through the mount, docs/benchmarks.md, "2026-11-29, evening")."""
     by_name = {cls.name: cls for cls in classes}
     return [
         dataclasses.replace(
