@@ -54,6 +54,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -840,7 +841,16 @@ def _mb(n: float) -> str:
     return "%.1f" % (n / 1e6)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    # Ctrl-C and SIGTERM end the run through its `finally`s, so no mount is left behind: a
+    # run started in the background by a non-interactive shell has SIGINT ignored, and
+    # SIGTERM's default kills it where it stands.
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/var/tmp/fanfs-realdata"))
     ap.add_argument("--quick", action="store_true", help="a ~150 MB subset")
