@@ -662,9 +662,12 @@ def repeatability(name: str, runs: list[dict[str, float]], median: dict[str, flo
         total += 1
         steady += all(0.75 <= r[cls] / m <= 1.25 for r in runs)
     worst = max(
-        (max(r[cls] for r in runs) / min(r[cls] for r in runs), cls)
-        for cls, m in median.items()
-        if m > 0 and min(r[cls] for r in runs) > 0
+        (
+            (max(r[cls] for r in runs) / min(r[cls] for r in runs), cls)
+            for cls, m in median.items()
+            if m > 0 and min(r[cls] for r in runs) > 0
+        ),
+        default=(1.0, "-"),
     )
     return (
         "%s against itself: every one of its %d epochs within 25%% of the median in %d of %d "
@@ -841,16 +844,12 @@ def _mb(n: float) -> str:
     return "%.1f" % (n / 1e6)
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     # Ctrl-C and SIGTERM end the run through its `finally`s, so no mount is left behind: a
     # run started in the background by a non-interactive shell has SIGINT ignored, and
     # SIGTERM's default kills it where it stands.
-    signal.signal(signal.SIGINT, _interrupted)
-    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _benchlib.install_signal_handlers()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/var/tmp/fanfs-realdata"))
     ap.add_argument("--quick", action="store_true", help="a ~150 MB subset")

@@ -657,12 +657,9 @@ def _confirmed(profiles: list[ClassProfile], classes: list[ClassSample]) -> list
     `.pgm` images went from zstd:15 to brotli:11, zstd:19, brotli:11, zstd:12 and zstd:9,
     kept on 2 units; in run Z24 brotli:11 stood on 2 units of the PAM images and decoded
     2.1x its prediction through the mount, docs/benchmarks.md, "2026-11-29, evening")."""
-    by_name = {cls.name: cls for cls in classes}
     return [
-        dataclasses.replace(
-            prof, estimates=[e for e in prof.estimates if _enough_units(e, by_name[prof.name])]
-        )
-        for prof in profiles
+        dataclasses.replace(prof, estimates=[e for e in prof.estimates if _enough_units(e, cls)])
+        for prof, cls in zip(profiles, classes, strict=True)
     ]
 
 

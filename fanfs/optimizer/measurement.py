@@ -1217,6 +1217,13 @@ def _error_floor(cand: Candidate) -> float:
     return CONTENT_PACED_CV if cand.spec.codec_id in (CODEC_BROTLI, CODEC_LZMA) else 0.0
 
 
+def _floored_error(m: Measurement, base: Sequence[float], floor: float) -> float | None:
+    """`decode_error` of `m` over `base`, at least `floor` over the square root of its units
+    (`_error_floor`)."""
+    error = decode_error(m, base)
+    return None if error is None else max(error, floor / math.sqrt(m.units))
+
+
 def confirm_units(m: Measurement, base: Sequence[float], available: int, floor: float = 0.0) -> int:
     """How many units `confirm` wants a chosen candidate measured on: CONFIRM_UNITS, or as
     many as a decode estimate within CONFIRM_ERROR needs (`decode_error` over `base`, at
@@ -1226,9 +1233,8 @@ def confirm_units(m: Measurement, base: Sequence[float], available: int, floor: 
     1.5-1.7x their projection outside the mount; the error shrinks with the square root of
     the units), at most CONFIRM_MAX_UNITS and `available`."""
     want = CONFIRM_UNITS
-    error = decode_error(m, base)
+    error = _floored_error(m, base, floor)
     if error is not None:
-        error = max(error, floor / math.sqrt(m.units))
         wide = error * _small_sample(m.units)
         if wide > CONFIRM_ERROR:
             want = max(want, math.ceil(m.units * (wide / CONFIRM_ERROR) ** 2))
@@ -1279,9 +1285,7 @@ def confirm(
                 base = _decode_base(cls, cand, m, ref, cost)
                 want = confirm_units(m, base, len(units), _error_floor(cand))
             rate = measurement_cost(m) / max(m.raw_bytes, 1)
-            while want >= least and rate * sum(len(u) for u in units[m.units : want]) > (
-                seconds - spent
-            ):
+            while want >= least and rate * _bytes(units[m.units : want]) > seconds - spent:
                 want -= 1
             if m.units >= want or want < least:
                 continue
@@ -1308,9 +1312,7 @@ def _decode_doubt(
     if m is None or m.raw_bytes <= 0:
         return 0.0
     projected = m.decode_s * cls.total_bytes / m.raw_bytes
-    error = decode_error(m, _decode_base(cls, cand, m, ref, cost))
-    if error is not None:
-        error = max(error, _error_floor(cand) / math.sqrt(m.units))
+    error = _floored_error(m, _decode_base(cls, cand, m, ref, cost), _error_floor(cand))
     return projected * (1.0 if error is None else min(error * _small_sample(m.units), 1.0))
 
 
