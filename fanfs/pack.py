@@ -119,6 +119,10 @@ class PackOptions:
     # Solid blocks: without a plan, every class's small files are grouped in blocks of this
     # size (0: none); with --codec auto, the classes the plan groups (None: the default size).
     solid_block: int | None = None
+    # Without a plan: the codec and dictionary of the files under each named top-level
+    # directory; the others take `codec`. (The plan's mount of its sample, in which each
+    # class's units are a directory: `optimizer.coldmount`.)
+    dir_codecs: tuple[tuple[str, CodecSpec, bytes | None], ...] = ()
 
 
 class PlanInfeasibleError(UsageError):
@@ -306,8 +310,11 @@ class Packer:
         self.plan = plan
 
     def _add_dictionaries(self, writer: PackWriter) -> None:
-        """Store the dictionaries the plan uses."""
+        """Store the dictionaries the plan uses (or `dir_codecs`, without a plan)."""
         if self.plan is None:
+            for name, _, dictionary in self.opts.dir_codecs:
+                if dictionary is not None:
+                    self.dict_ids[name] = writer.add_dictionary(dictionary, name)
             return
         for prof in self.plan.profiles:
             _, dictionary = self.plan.choice(prof.name)
@@ -318,6 +325,11 @@ class Packer:
         """A file's class (with --codec auto), codec, dictionary, and whether the class's
         small files go into solid blocks."""
         if self.plan is None:
+            if self.opts.dir_codecs:
+                top = rel.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+                for name, spec, dictionary in self.opts.dir_codecs:
+                    if name == top:
+                        return name, spec, dictionary, self.solid_block > 0
             return "", self.opts.codec, None, self.solid_block > 0
         cls = class_of(rel, self.plan.class_names)
         if cls not in self.plan.class_names:

@@ -415,9 +415,17 @@ def _cold_words(cold: dict[str, Any]) -> str:
     mounted = len(cold["mounted_classes"])
     if not mounted:
         return "%s (%s)" % (method, cold["note"]) if cold["note"] else method
+    dicts = len(cold.get("dictionary_classes", ()))
     return (
-        "the sample read through a mount of it, for %d class%s (%.1f s); %s for those of "
-        "fewer sample units" % (mounted, "" if mounted == 1 else "es", cold["mount_s"], method)
+        "the sample read through a mount of it, for %d class%s%s (%.1f s); %s for those of "
+        "fewer sample units"
+        % (
+            mounted,
+            "" if mounted == 1 else "es",
+            ", with their dictionaries for %d" % dicts if dicts else "",
+            cold["mount_s"],
+            method,
+        )
     )
 
 

@@ -747,7 +747,7 @@ def _project_solid(
     small_share = _small_share(cls, block)
     small_bytes = cls.total_bytes * small_share
     scale = small_bytes / max(alone.raw_bytes, 1)
-    shift = cost.shifts.get(cls.name, 0.0)
+    shift = cost.dictionary_shift(cls.name, cand)
     alone_s, _ = project_decode(alone, small_bytes, _small_files(cls, block), shift)
     blocks_s, blocks_warm_s = project_decode(
         grouped, small_bytes, max(small_bytes / block, 1.0), shift
@@ -836,7 +836,10 @@ def _confirm_solid(
         spent += measurement_cost(more)
         both = grouped + more
         blocks_s, blocks_warm_s = project_decode(
-            both, fit.small_bytes, max(fit.small_bytes / block, 1.0), cost.shifts.get(cls.name, 0.0)
+            both,
+            fit.small_bytes,
+            max(fit.small_bytes / block, 1.0),
+            cost.dictionary_shift(cls.name, est.candidate),
         )
         log.debug(
             "%s: %s blocks confirmed on %d (%.3f s -> %.3f s)",
@@ -1033,7 +1036,8 @@ def _small_share(cls: ClassSample, block: int) -> float:
 
 def _cold_record(plan: Plan) -> dict[str, Any]:
     """How the plan measured cold decodes (`PlanSettings.cold_model`): the classes whose cold
-    cost came from the sample's mount, its wall seconds, and why it was not used (if so)."""
+    cost came from the sample's mount, those whose dictionary's came from the mount of
+    their dictionaries, the two mounts' wall seconds, and why they were not used (if so)."""
     mounted = plan.cost.mounted
     note: str | None
     if plan.settings.cold_model != "mount":
@@ -1042,10 +1046,12 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         note = "not measured"
     else:
         note = mounted.note or None
+    seconds = sum(m.seconds for m in (mounted, plan.cost.dict_mounted) if m is not None)
     return {
         "model": plan.settings.cold_model,
         "mounted_classes": sorted(plan.cost.shifts),
-        "mount_s": round(mounted.seconds, 3) if mounted is not None else 0.0,
+        "dictionary_classes": sorted(plan.cost.dict_shifts),
+        "mount_s": round(seconds, 3),
         "note": note,
     }
 

@@ -20,6 +20,7 @@ FUSE, or with anything else that fails, the plan keeps its method and says why.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -71,15 +72,17 @@ class _Failed(Exception):
 
 
 def sample_mount(
-    classes: Sequence[ClassSample], *, chunk_size: int, seed: int = 0
+    classes: Sequence[ClassSample], *, chunk_size: int, seed: int = 0, dictionaries: bool = False
 ) -> MountedSample:
     """Each class's sample units (`ClassSample.measure_units`), for the classes with at least
     MOUNT_MIN_UNITS of them, written as files, packed with zstd:3 and read once each in a
     seeded shuffled order through a fresh mount with read-ahead and the object cache off and
-    the pack preloaded; the mount's decode trace charged to each file's class. Never
-    raises: a failure returns an empty result with a one-line note."""
+    the pack preloaded; the mount's decode trace charged to each file's class. With
+    `dictionaries`, the units the class's dictionary was not trained on (`dictionary_units`)
+    of each class that has one, packed with zstd:3 and that dictionary. Never raises: a
+    failure returns an empty result with a one-line note."""
     start = time.perf_counter()
-    picked = [c for c in classes if len(c.measure_units) >= MOUNT_MIN_UNITS]
+    picked = [c for c in classes if len(_units(c, dictionaries)) >= MOUNT_MIN_UNITS]
     if not picked:
         return MountedSample(note="no class has %d sample units" % MOUNT_MIN_UNITS)
     try:
@@ -90,7 +93,7 @@ def sample_mount(
             note="no temporary directory for the sample (%s)" % (exc.strerror or exc),
         )
     try:
-        decode_s = _measure(picked, work, chunk_size, seed)
+        decode_s = _measure(picked, work, chunk_size, seed, dictionaries)
         return MountedSample(decode_s, time.perf_counter() - start)
     except _Failed as exc:
         log.info("plan: the sample's mount is not used: %s", exc)
@@ -99,25 +102,47 @@ def sample_mount(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def dictionary_units(cls: ClassSample) -> list[bytes]:
+    """The units of `cls`'s sample its dictionary is not trained on (the odd ones:
+    `measurement._train_dictionary` trains on the even)."""
+    return cls.measure_units[1::2]
+
+
+def _units(cls: ClassSample, dictionaries: bool) -> list[bytes]:
+    if not dictionaries:
+        return cls.measure_units
+    return dictionary_units(cls) if cls.dictionary is not None else []
+
+
 def _measure(
-    classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int
+    classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int, dictionaries: bool
 ) -> dict[str, float]:
     tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
+    dirs = []
     try:
         for k, cls in enumerate(classes):
             os.makedirs(os.path.join(tree, "c%03d" % k))
-            for i, unit in enumerate(cls.measure_units):
+            for i, unit in enumerate(_units(cls, dictionaries)):
                 rel = "c%03d/u%06d" % (k, i)
                 with open(os.path.join(tree, rel), "xb") as f:
                     f.write(unit)
                 members[rel.encode()] = k
+            if dictionaries:
+                dirs.append(["c%03d" % k, os.path.join(work, "d%03d" % k)])
+                with open(dirs[-1][1], "xb") as f:
+                    f.write(cls.dictionary or b"")
         os.mkdir(mnt)
     except OSError as exc:
         raise _Failed("cannot write the sample (%s)" % (exc.strerror or exc)) from None
-    _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
-           str(chunk_size), tree, pack)  # fmt: skip
+    if dictionaries:
+        # (`fanfs pack` trains no dictionary of its own: the plan's, each for its directory)
+        _python("packing the sample", ["-c", _PACKER, tree, pack, str(chunk_size)],
+                stdin=json.dumps(dirs))  # fmt: skip
+    else:
+        _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
+               str(chunk_size), tree, pack)  # fmt: skip
     owner = _chunk_owners(pack, members)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
@@ -190,6 +215,22 @@ def _chunk_owners(pack: str, members: dict[bytes, int]) -> np.ndarray:
         return owner
     finally:
         reader.close()
+
+
+# The sample's pack with the plan's dictionaries, a child process: each directory's units
+# compressed with zstd:3 and its dictionary (stdin: [directory, dictionary file] pairs).
+_PACKER: Final = """
+import json, sys
+from fanfs.compression import parse_codec
+from fanfs.pack import Packer, PackOptions
+src, out, chunk_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spec = parse_codec("zstd:3")
+dirs = []
+for name, path in json.load(sys.stdin):
+    with open(path, "rb") as f:
+        dirs.append((name, spec, f.read()))
+Packer(PackOptions(src, out, spec, chunk_size=chunk_size, quiet=True, dir_codecs=tuple(dirs))).run()
+"""
 
 
 # The reader of `_read_all`, a child process: a read that never returns (a mount in trouble)

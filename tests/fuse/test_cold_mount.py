@@ -136,6 +136,7 @@ def test_cold_cost_method_mounts_nothing(tmp_path: Path) -> None:
     assert cold == {
         "model": "method",
         "mounted_classes": [],
+        "dictionary_classes": [],
         "mount_s": 0.0,
         "note": "--cold-cost method",
     }
