@@ -55,6 +55,32 @@ def test_each_class_of_enough_units_is_read_through_a_mount_and_nothing_is_left(
     assert mounts_under(str(private_tmp)) == []
 
 
+def test_with_dictionaries_the_units_each_dictionary_was_not_trained_on_are_mounted(
+    private_tmp: Path,
+) -> None:
+    """`dictionaries`: a class with a dictionary and 2 x MOUNT_MIN_UNITS units has its odd
+    ones read through a mount of them packed with it; a class without one, or with too few
+    such units, is not mounted."""
+    from fanfs.compression import train_dictionary
+
+    units = _texts(2 * MOUNT_MIN_UNITS, 1)
+    dictionary = train_dictionary(units[::2])
+    assert dictionary is not None
+    many = ClassSample("a/*.txt", files=40, units=units, dictionary=dictionary)
+    few = ClassSample(
+        "b/*.txt", files=40, units=units[: 2 * MOUNT_MIN_UNITS - 2], dictionary=dictionary
+    )
+    plain = ClassSample("c/*.txt", files=40, units=units)
+    got = sample_mount([many, few, plain], chunk_size=1 << 20, dictionaries=True)
+    assert got.note == ""
+    assert list(got.decode_s) == ["a/*.txt"]
+    assert 0.0 < got.decode_s["a/*.txt"] < 1.0
+    assert os.listdir(private_tmp) == []
+    assert mounts_under(str(private_tmp)) == []
+    none = sample_mount([plain], chunk_size=1 << 20, dictionaries=True)
+    assert none.note == "no class has %d sample units" % MOUNT_MIN_UNITS
+
+
 def test_without_a_class_of_enough_units_nothing_is_mounted(private_tmp: Path) -> None:
     few = ClassSample("b/*.txt", files=3, units=_texts(MOUNT_MIN_UNITS - 1, 2))
     got = sample_mount([few], chunk_size=1 << 20)

@@ -3097,3 +3097,74 @@ def test_a_class_sample_shows_its_large_units_in_every_prefix() -> None:
     assert stratified(order) == [order[0], order[1], order[3], order[2], order[4]]
     assert sorted(stratified(order)) == sorted(order)
     assert stratified([]) == []
+
+
+def test_a_dictionarys_penalty_is_what_the_mount_of_its_units_paid_per_unit() -> None:
+    """The mount of a class's dictionary's units (the odd ones: 20 of 40) charged them 20 ms:
+    1 ms a unit, of which their hot decode here takes microseconds; the class's shift (0.4
+    ms, which `_project` adds to every cold penalty of the class) is taken off. A class the
+    mount charged nothing, or one without a dictionary, keeps its penalty."""
+    from fanfs.compression import CODEC_ZSTD, train_dictionary
+    from fanfs.optimizer.coldmount import MountedSample
+    from fanfs.optimizer.measurement import dictionary_penalties
+
+    units = _units(3, [2000] * 40)
+    dictionary = train_dictionary(units[::2])
+    assert dictionary is not None
+    with_dict, quiet = (
+        ClassSample(name, files=400, units=units, dictionary=dictionary)
+        for name in ("a/*.txt", "c/*.txt")
+    )
+    plain = ClassSample("b/*.txt", files=400, units=units)
+    mounted = MountedSample({"a/*.txt": 0.020, "b/*.txt": 0.020, "c/*.txt": 0.0}, 1.0)
+    got = dictionary_penalties(mounted, [with_dict, plain, quiet], {"a/*.txt": 4e-4})
+    assert list(got) == [("a/*.txt", CODEC_ZSTD)]
+    assert got[("a/*.txt", CODEC_ZSTD)] == pytest.approx(1e-3 - 4e-4, abs=5e-5)
+
+
+def test_the_dictionaries_mount_shifts_only_zstd_with_a_dictionary() -> None:
+    """A solid block's cold penalty per block takes the class's shift, and for zstd with the
+    class's dictionary the dictionaries' mount's on top; lz4's dictionary keeps the method."""
+    cost = PlanCost(None)
+    cost.shifts["a"], cost.dict_shifts["a"] = 1e-4, 5e-4
+    zstd19d = Candidate(ZSTD19.spec, use_dict=True)
+    assert cost.dictionary_shift("a", zstd19d) == pytest.approx(6e-4)
+    assert cost.dictionary_shift("a", ZSTD19) == pytest.approx(1e-4)
+    assert cost.dictionary_shift("a", Candidate(parse_codec("lz4hc:9"), use_dict=True)) == 1e-4
+    assert cost.dictionary_shift("b", zstd19d) == 0.0
+
+
+def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
+    """With real measurements, `cold_fn` is called twice: right after the reference, with
+    the classes (no dictionary yet), and once the class's dictionary is trained and its
+    zstd candidate measured, with dictionaries. The dictionary candidate's cold penalty per
+    chunk is then what that mount paid per unit (1 ms), not the method's (microseconds);
+    a later call resuming from the same cost mounts nothing again, and both mounts'
+    seconds count in the plan's cost."""
+    from fanfs.optimizer.coldmount import MountedSample
+    from fanfs.optimizer.measurement import measure
+
+    calls: list[tuple[bool, list[str], list[bool]]] = []
+
+    def cold_fn(classes: Sequence[ClassSample], *, dictionaries: bool = False) -> MountedSample:
+        calls.append(
+            (dictionaries, [c.name for c in classes], [bool(c.dictionary) for c in classes])
+        )
+        if not dictionaries:
+            return MountedSample({}, 1.0)
+        return MountedSample({"a/*.json": 1e-3 * len(classes[0].measure_units[1::2])}, 2.0)
+
+    a = ClassSample(
+        "a/*.json", files=4000, total_bytes=6_000_000, chunks=4000, units=_units(5, [1500] * 64)
+    )
+    zstd19d = Candidate(ZSTD19.spec, use_dict=True)
+    cost = PlanCost(None)
+    for _ in range(2):
+        profs = profile(
+            [a], [REFERENCE, zstd19d], time_budget_s=60.0, measure_fn=measure, spent_out=cost,
+            cold_fn=cold_fn,
+        )  # fmt: skip
+        est = next(e for e in profs[0].estimates if e.candidate == zstd19d)
+        assert (est.decode_s - est.warm) / a.chunks == pytest.approx(1e-3, rel=0.05)
+    assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
+    assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
