@@ -65,6 +65,9 @@ class MountedSample:
     decode_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
+    # the part of `decode_s` charged to each class's `dictionary_units` (without
+    # `dictionaries`): what the mount of the dictionaries is compared with, unit for unit
+    odd_s: dict[str, float] = field(default_factory=dict)
 
 
 class _Failed(Exception):
@@ -93,8 +96,8 @@ def sample_mount(
             note="no temporary directory for the sample (%s)" % (exc.strerror or exc),
         )
     try:
-        decode_s = _measure(picked, work, chunk_size, seed, dictionaries)
-        return MountedSample(decode_s, time.perf_counter() - start)
+        decode_s, odd_s = _measure(picked, work, chunk_size, seed, dictionaries)
+        return MountedSample(decode_s, time.perf_counter() - start, odd_s=odd_s)
     except _Failed as exc:
         log.info("plan: the sample's mount is not used: %s", exc)
         return MountedSample(seconds=time.perf_counter() - start, note=str(exc))
@@ -116,10 +119,13 @@ def _units(cls: ClassSample, dictionaries: bool) -> list[bytes]:
 
 def _measure(
     classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int, dictionaries: bool
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each class's decode through the mount, and the part of it its odd units took (empty
+    with `dictionaries`, whose units are all odd)."""
     tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
+    odd: dict[bytes, int] = {}  # (the odd units of `members`)
     dirs = []
     try:
         for k, cls in enumerate(classes):
@@ -129,6 +135,8 @@ def _measure(
                 with open(os.path.join(tree, rel), "xb") as f:
                     f.write(unit)
                 members[rel.encode()] = k
+                if i % 2 and not dictionaries:
+                    odd[rel.encode()] = k
             if dictionaries:
                 dirs.append(["c%03d" % k, os.path.join(work, "d%03d" % k)])
                 with open(dirs[-1][1], "xb") as f:
@@ -143,7 +151,7 @@ def _measure(
     else:
         _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
                str(chunk_size), tree, pack)  # fmt: skip
-    owner = _chunk_owners(pack, members)
+    owner, odd_owner = _chunk_owners(pack, members), _chunk_owners(pack, odd)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
         _fanfs(
@@ -164,7 +172,7 @@ def _measure(
         _unmount(mnt)
     if not _wait_for(log_path, "statistics: "):
         raise _Failed("the sample's mount wrote no statistics (see its log)")
-    return _charged(classes, work, owner)
+    return _charged(classes, work, owner), _charged(classes, work, odd_owner) if odd else {}
 
 
 def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:

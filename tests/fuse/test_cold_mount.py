@@ -50,6 +50,9 @@ def test_each_class_of_enough_units_is_read_through_a_mount_and_nothing_is_left(
     assert list(got.decode_s) == ["a/*.txt"]
     # 20 units of 1-12 KB of zstd:3 each decoded and verified once: microseconds each
     assert 0.0 < got.decode_s["a/*.txt"] < 1.0
+    # the odd units' part (what the mount of the dictionaries is compared with)
+    assert list(got.odd_s) == ["a/*.txt"]
+    assert 0.0 < got.odd_s["a/*.txt"] < got.decode_s["a/*.txt"]
     assert got.seconds > 0.0
     assert os.listdir(private_tmp) == []
     assert mounts_under(str(private_tmp)) == []
@@ -75,6 +78,7 @@ def test_with_dictionaries_the_units_each_dictionary_was_not_trained_on_are_moun
     assert got.note == ""
     assert list(got.decode_s) == ["a/*.txt"]
     assert 0.0 < got.decode_s["a/*.txt"] < 1.0
+    assert got.odd_s == {}  # (all its units are odd)
     assert os.listdir(private_tmp) == []
     assert mounts_under(str(private_tmp)) == []
     none = sample_mount([plain], chunk_size=1 << 20, dictionaries=True)

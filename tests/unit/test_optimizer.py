@@ -3099,27 +3099,56 @@ def test_a_class_sample_shows_its_large_units_in_every_prefix() -> None:
     assert stratified([]) == []
 
 
-def test_a_dictionarys_penalty_is_what_the_mount_of_its_units_paid_per_unit() -> None:
-    """The mount of a class's dictionary's units (the odd ones: 20 of 40) charged them 20 ms:
-    1 ms a unit, of which their hot decode here takes microseconds; the class's shift (0.4
-    ms, which `_project` adds to every cold penalty of the class) is taken off. A class the
-    mount charged nothing, or one without a dictionary, keeps its penalty."""
-    from fanfs.compression import CODEC_ZSTD, train_dictionary
+def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() -> None:
+    """The mounts decoded a class's dictionary units (the odd ones: 20 of 40) in 30 ms with
+    its dictionary and in 20 ms without: the class with the dictionary is to decode in 1.5x
+    the reference's projection (its 100 chunks of 2000 bytes: 2 ms hot, 1 ms a chunk cold,
+    the shift of 0.4 ms a chunk included), its hot decode in the reference's times their
+    hot ratio here; the penalty per chunk is the rest, less the shift (which `_project`
+    adds back). A class either mount charged nothing, or one without a dictionary, keeps
+    its penalty."""
+    from fanfs.compression import CODEC_ZSTD, compress_object, train_dictionary
     from fanfs.optimizer.coldmount import MountedSample
-    from fanfs.optimizer.measurement import dictionary_penalties
+    from fanfs.optimizer.measurement import (
+        _objects,
+        _timed_decode,
+        dictionary_penalties,
+        project_decode,
+    )
 
     units = _units(3, [2000] * 40)
     dictionary = train_dictionary(units[::2])
     assert dictionary is not None
-    with_dict, quiet = (
-        ClassSample(name, files=400, units=units, dictionary=dictionary)
-        for name in ("a/*.txt", "c/*.txt")
+    with_dict, quiet, unmounted = (
+        ClassSample(
+            name, files=100, total_bytes=200_000, chunks=100, units=units, dictionary=dictionary
+        )
+        for name in ("a/*.txt", "c/*.txt", "d/*.txt")
     )
-    plain = ClassSample("b/*.txt", files=400, units=units)
-    mounted = MountedSample({"a/*.txt": 0.020, "b/*.txt": 0.020, "c/*.txt": 0.0}, 1.0)
-    got = dictionary_penalties(mounted, [with_dict, plain, quiet], {"a/*.txt": 4e-4})
+    plain_cls = ClassSample("b/*.txt", files=100, total_bytes=200_000, chunks=100, units=units)
+    # the reference on the 40 units: 0.8 ms hot, and a cold penalty of 0.6 ms a unit
+    ref_m = Measurement(40, 80_000, 20_000, 0.0008 + 40 * 6e-4, 0.1, cold=0.0248 / 0.0008)
+    refs = {c.name: ref_m for c in (with_dict, quiet, unmounted, plain_cls)}
+    mounted = MountedSample({"a/*.txt": 0.03, "b/*.txt": 0.03, "c/*.txt": 0.0, "d/*.txt": 0.03})
+    plain = MountedSample(odd_s={"a/*.txt": 0.02, "b/*.txt": 0.02, "c/*.txt": 0.02})
+    got = dictionary_penalties(
+        mounted, plain, [with_dict, plain_cls, quiet, unmounted], refs, {"a/*.txt": 4e-4}
+    )
     assert list(got) == [("a/*.txt", CODEC_ZSTD)]
-    assert got[("a/*.txt", CODEC_ZSTD)] == pytest.approx(1e-3 - 4e-4, abs=5e-5)
+    # projected: 2 ms hot and (0.6 + 0.4 ms) x 100 chunks cold
+    assert project_decode(ref_m, 200_000, 100, 4e-4) == pytest.approx((0.102, 0.002))
+    odd = units[1::2]
+    objects = [
+        _objects([compress_object(u, REFERENCE.spec, d) for u in odd], odd)
+        for d in (dictionary, None)
+    ]
+    _, hot, hot_plain, _ = _timed_decode(objects[0], dictionary, beside=objects[1])
+    hot_ratio = sum(hot) / sum(hot_plain)
+    # (timed again here, the hot ratio moves with the host: its share of the penalty is small)
+    assert 0.2 < hot_ratio < 5
+    assert got[("a/*.txt", CODEC_ZSTD)] == pytest.approx(
+        (0.102 * 1.5 - 0.002 * hot_ratio) / 100 - 4e-4, rel=0.02
+    )
 
 
 def test_the_dictionaries_mount_shifts_only_zstd_with_a_dictionary() -> None:
@@ -3138,7 +3167,8 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
     """With real measurements, `cold_fn` is called twice: right after the reference, with
     the classes (no dictionary yet), and once the class's dictionary is trained and its
     zstd candidate measured, with dictionaries. The dictionary candidate's cold penalty per
-    chunk is then what that mount paid per unit (1 ms), not the method's (microseconds);
+    chunk then follows what the two mounts paid for the same units (twice as much with the
+    dictionary as without), not the method's (microseconds);
     a later call resuming from the same cost mounts nothing again, and both mounts'
     seconds count in the plan's cost."""
     from fanfs.optimizer.coldmount import MountedSample
@@ -3150,21 +3180,25 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         calls.append(
             (dictionaries, [c.name for c in classes], [bool(c.dictionary) for c in classes])
         )
-        if not dictionaries:
-            return MountedSample({}, 1.0)
-        return MountedSample({"a/*.json": 1e-3 * len(classes[0].measure_units[1::2])}, 2.0)
+        if not dictionaries:  # (the odd units decode in 1 ms each without the dictionary)
+            return MountedSample({}, 1.0, odd_s={"a/*.json": 1e-3 * len(odd)})
+        return MountedSample({"a/*.json": 2e-3 * len(odd)}, 2.0)
 
     a = ClassSample(
         "a/*.json", files=4000, total_bytes=6_000_000, chunks=4000, units=_units(5, [1500] * 64)
     )
-    zstd19d = Candidate(ZSTD19.spec, use_dict=True)
+    odd = a.measure_units[1::2]
+    zstd19d, zstd3d = (Candidate(c.spec, use_dict=True) for c in (ZSTD19, REFERENCE))
     cost = PlanCost(None)
     for _ in range(2):
         profs = profile(
-            [a], [REFERENCE, zstd19d], time_budget_s=60.0, measure_fn=measure, spent_out=cost,
-            cold_fn=cold_fn,
+            [a], [REFERENCE, zstd3d, zstd19d], time_budget_s=60.0, measure_fn=measure,
+            spent_out=cost, cold_fn=cold_fn,
         )  # fmt: skip
-        est = next(e for e in profs[0].estimates if e.candidate == zstd19d)
-        assert (est.decode_s - est.warm) / a.chunks == pytest.approx(1e-3, rel=0.05)
+        got = {e.candidate: e for e in profs[0].estimates}
+        # with its dictionary the class decodes in twice the reference's projection (the
+        # two mounts' ratio), give or take the hot ratios' difference between candidates
+        assert got[zstd3d].decode_s == pytest.approx(2 * got[REFERENCE].decode_s, rel=0.2)
+        assert got[zstd19d].decode_s - got[zstd19d].warm > 1.5 * got[REFERENCE].decode_s
     assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
     assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
