@@ -65,9 +65,9 @@ class MountedSample:
     decode_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
-    # the part of `decode_s` charged to each class's `dictionary_units` (without
-    # `dictionaries`): what the mount of the dictionaries is compared with, unit for unit
-    odd_s: dict[str, float] = field(default_factory=dict)
+    # with `dictionaries`: each class's decode of the same units packed without its
+    # dictionary, read in the same mount (what `decode_s` is compared with, unit for unit)
+    plain_s: dict[str, float] = field(default_factory=dict)
 
 
 class _Failed(Exception):
@@ -82,8 +82,9 @@ def sample_mount(
     seeded shuffled order through a fresh mount with read-ahead and the object cache off and
     the pack preloaded; the mount's decode trace charged to each file's class. With
     `dictionaries`, the units the class's dictionary was not trained on (`dictionary_units`)
-    of each class that has one, packed with zstd:3 and that dictionary. Never raises: a
-    failure returns an empty result with a one-line note."""
+    of each class that has one, packed with zstd:3 and that dictionary, and the same units
+    again without it, all read in one shuffled order. Never raises: a failure returns an
+    empty result with a one-line note."""
     start = time.perf_counter()
     picked = [c for c in classes if len(_units(c, dictionaries)) >= MOUNT_MIN_UNITS]
     if not picked:
@@ -96,8 +97,8 @@ def sample_mount(
             note="no temporary directory for the sample (%s)" % (exc.strerror or exc),
         )
     try:
-        decode_s, odd_s = _measure(picked, work, chunk_size, seed, dictionaries)
-        return MountedSample(decode_s, time.perf_counter() - start, odd_s=odd_s)
+        decode_s, plain_s = _measure(picked, work, chunk_size, seed, dictionaries)
+        return MountedSample(decode_s, time.perf_counter() - start, plain_s=plain_s)
     except _Failed as exc:
         log.info("plan: the sample's mount is not used: %s", exc)
         return MountedSample(seconds=time.perf_counter() - start, note=str(exc))
@@ -120,23 +121,22 @@ def _units(cls: ClassSample, dictionaries: bool) -> list[bytes]:
 def _measure(
     classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int, dictionaries: bool
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Each class's decode through the mount, and the part of it its odd units took (empty
-    with `dictionaries`, whose units are all odd)."""
+    """Each class's decode through the mount, and with `dictionaries` the same units'
+    without the dictionary (else empty)."""
     tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
-    odd: dict[bytes, int] = {}  # (the odd units of `members`)
+    plain: dict[bytes, int] = {}  # (with `dictionaries`: the same units without it)
     dirs = []
     try:
         for k, cls in enumerate(classes):
-            os.makedirs(os.path.join(tree, "c%03d" % k))
-            for i, unit in enumerate(_units(cls, dictionaries)):
-                rel = "c%03d/u%06d" % (k, i)
-                with open(os.path.join(tree, rel), "xb") as f:
-                    f.write(unit)
-                members[rel.encode()] = k
-                if i % 2 and not dictionaries:
-                    odd[rel.encode()] = k
+            for top, owned in (("c%03d", members), ("p%03d", plain))[: 1 + dictionaries]:
+                os.makedirs(os.path.join(tree, top % k))
+                for i, unit in enumerate(_units(cls, dictionaries)):
+                    rel = "%s/u%06d" % (top % k, i)
+                    with open(os.path.join(tree, rel), "xb") as f:
+                        f.write(unit)
+                    owned[rel.encode()] = k
             if dictionaries:
                 dirs.append(["c%03d" % k, os.path.join(work, "d%03d" % k)])
                 with open(dirs[-1][1], "xb") as f:
@@ -151,7 +151,7 @@ def _measure(
     else:
         _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
                str(chunk_size), tree, pack)  # fmt: skip
-    owner, odd_owner = _chunk_owners(pack, members), _chunk_owners(pack, odd)
+    owner, plain_owner = _chunk_owners(pack, members), _chunk_owners(pack, plain)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
         _fanfs(
@@ -165,14 +165,14 @@ def _measure(
         # (served from memory, as a mount of the whole pack is where it fits: every outcome
         # of `--preload yes` logs a line with this word)
         _wait_for(log_path, "preload")
-        files = sorted(members)
+        files = sorted(members) + sorted(plain)
         random.Random(seed).shuffle(files)
         _read_all(mnt, files)
     finally:
         _unmount(mnt)
     if not _wait_for(log_path, "statistics: "):
         raise _Failed("the sample's mount wrote no statistics (see its log)")
-    return _charged(classes, work, owner), _charged(classes, work, odd_owner) if odd else {}
+    return _charged(classes, work, owner), _charged(classes, work, plain_owner) if plain else {}
 
 
 def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -225,8 +225,9 @@ def _chunk_owners(pack: str, members: dict[bytes, int]) -> np.ndarray:
         reader.close()
 
 
-# The sample's pack with the plan's dictionaries, a child process: each directory's units
-# compressed with zstd:3 and its dictionary (stdin: [directory, dictionary file] pairs).
+# The sample's pack with the plan's dictionaries, a child process: each named directory's
+# units compressed with zstd:3 and its dictionary (stdin: [directory, dictionary file]
+# pairs), the other directories' with zstd:3 alone.
 _PACKER: Final = """
 import json, sys
 from fanfs.compression import parse_codec

@@ -917,7 +917,6 @@ def profile(
     if spent_out is not None:  # (before the budget: a share of the pack counts it, `budgets`)
         spent_out.reference_s += ref_spent
     shifts = spent_out.shifts if spent_out is not None else {}
-    mounted: MountedSample | None = None
     if ref is not None and cold_fn is not None and (spent_out is None or spent_out.mounted is None):
         mounted = cold_fn([c for c in classes if c.units])
         shifts.update(
@@ -1018,20 +1017,12 @@ def profile(
         and (spent_out is None or spent_out.dict_mounted is None)
     ):
         # The dictionaries now trained, their cold cost through a mount of them
-        plain = spent_out.mounted if spent_out is not None else mounted
-        users = [
-            c
-            for c in classes
-            if c.dictionary
-            and (c.name, CODEC_ZSTD) in penalties
-            and plain is not None
-            and c.name in plain.odd_s
-        ]
-        if users and plain is not None and ref is not None:
+        users = [c for c in classes if c.dictionary and (c.name, CODEC_ZSTD) in penalties]
+        if users and ref is not None:
             dict_mounted = cold_fn(users, dictionaries=True)
             start = time.perf_counter()
             refs = {c.name: totals[(c.name, ref)] for c in users}
-            paid = dictionary_penalties(dict_mounted, plain, users, refs, shifts)
+            paid = dictionary_penalties(dict_mounted, users, refs, shifts)
             dict_mounted = dataclasses.replace(
                 dict_mounted, seconds=dict_mounted.seconds + time.perf_counter() - start
             )
@@ -1105,7 +1096,6 @@ def cold_shifts(mounted: MountedSample, refs: dict[str, Measurement]) -> dict[st
 
 def dictionary_penalties(
     mounted: MountedSample,
-    plain: MountedSample,
     classes: Sequence[ClassSample],
     refs: dict[str, Measurement],
     shifts: dict[str, float],
@@ -1113,9 +1103,9 @@ def dictionary_penalties(
     """Each class's zstd dictionary penalty per chunk (`dictionary_penalty`'s) as the mounts
     of its sample paid it: the class stored with zstd:3 and its dictionary decodes in the
     reference's projection (`project_decode`, with the class's shift) times the ratio of
-    the dictionary's units (`dictionary_units`) decoded with it through the dictionaries'
-    mount (`mounted`) to the same units without it through the sample's (`plain`), its hot
-    decode in the reference's times the same ratio hot here. Less the class's shift, which
+    the dictionary's units (`dictionary_units`) decoded with it to the same units without
+    it, read among them in one mount (`sample_mount` with dictionaries), its hot decode the
+    reference's times the same ratio hot here. Less the class's shift, which
     `_project` adds to every cold penalty of the class (`refs`: the reference's measurement
     by class). A class either mount charged nothing keeps its penalty.
 
@@ -1125,12 +1115,13 @@ def dictionary_penalties(
     through a mount with their dictionary, among the same without, came to 0.83-1.23x that
     ratio in seven classes of eight. What the dictionaries' mount paid per unit, taken as the
     penalty itself, followed the classes of small files but put the JSON files (sampled in
-    units of 87 KB, stored in chunks of 47 KB) at 1.6x what the pack's epoch read
-    (docs/benchmarks.md)."""
+    units of 87 KB, stored in chunks of 47 KB) at 1.6x what the pack's epoch read; the
+    ratio taken across two mounts (the units without the dictionary in the sample's, 20 s
+    earlier), 1.3-1.9x for the small files (docs/benchmarks.md)."""
     spec = REFERENCE.spec
     out = {}
     for cls in classes:
-        traced, base = mounted.decode_s.get(cls.name, 0.0), plain.odd_s.get(cls.name, 0.0)
+        traced, base = mounted.decode_s.get(cls.name, 0.0), mounted.plain_s.get(cls.name, 0.0)
         m, units = refs.get(cls.name), dictionary_units(cls)
         if traced <= 0 or base <= 0 or m is None or not cls.dictionary or not units:
             continue

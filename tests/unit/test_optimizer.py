@@ -3100,8 +3100,8 @@ def test_a_class_sample_shows_its_large_units_in_every_prefix() -> None:
 
 
 def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() -> None:
-    """The mounts decoded a class's dictionary units (the odd ones: 20 of 40) in 30 ms with
-    its dictionary and in 20 ms without: the class with the dictionary is to decode in 1.5x
+    """The mount of the dictionaries decoded a class's dictionary units (the odd ones: 20 of
+    40) in 30 ms with its dictionary and in 20 ms without: the class with the dictionary is to decode in 1.5x
     the reference's projection (its 100 chunks of 2000 bytes: 2 ms hot, 1 ms a chunk cold,
     the shift of 0.4 ms a chunk included), its hot decode in the reference's times their
     hot ratio here; the penalty per chunk is the rest, less the shift (which `_project`
@@ -3129,10 +3129,12 @@ def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() ->
     # the reference on the 40 units: 0.8 ms hot, and a cold penalty of 0.6 ms a unit
     ref_m = Measurement(40, 80_000, 20_000, 0.0008 + 40 * 6e-4, 0.1, cold=0.0248 / 0.0008)
     refs = {c.name: ref_m for c in (with_dict, quiet, unmounted, plain_cls)}
-    mounted = MountedSample({"a/*.txt": 0.03, "b/*.txt": 0.03, "c/*.txt": 0.0, "d/*.txt": 0.03})
-    plain = MountedSample(odd_s={"a/*.txt": 0.02, "b/*.txt": 0.02, "c/*.txt": 0.02})
+    mounted = MountedSample(
+        {"a/*.txt": 0.03, "b/*.txt": 0.03, "c/*.txt": 0.0, "d/*.txt": 0.03},
+        plain_s={"a/*.txt": 0.02, "b/*.txt": 0.02, "c/*.txt": 0.02},
+    )
     got = dictionary_penalties(
-        mounted, plain, [with_dict, plain_cls, quiet, unmounted], refs, {"a/*.txt": 4e-4}
+        mounted, [with_dict, plain_cls, quiet, unmounted], refs, {"a/*.txt": 4e-4}
     )
     assert list(got) == [("a/*.txt", CODEC_ZSTD)]
     # projected: 2 ms hot and (0.6 + 0.4 ms) x 100 chunks cold
@@ -3167,7 +3169,7 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
     """With real measurements, `cold_fn` is called twice: right after the reference, with
     the classes (no dictionary yet), and once the class's dictionary is trained and its
     zstd candidate measured, with dictionaries. The dictionary candidate's cold penalty per
-    chunk then follows what the two mounts paid for the same units (twice as much with the
+    chunk then follows what that mount paid for the same units (twice as much with the
     dictionary as without), not the method's (microseconds);
     a later call resuming from the same cost mounts nothing again, and both mounts'
     seconds count in the plan's cost."""
@@ -3180,9 +3182,12 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         calls.append(
             (dictionaries, [c.name for c in classes], [bool(c.dictionary) for c in classes])
         )
-        if not dictionaries:  # (the odd units decode in 1 ms each without the dictionary)
-            return MountedSample({}, 1.0, odd_s={"a/*.json": 1e-3 * len(odd)})
-        return MountedSample({"a/*.json": 2e-3 * len(odd)}, 2.0)
+        if not dictionaries:
+            return MountedSample({}, 1.0)
+        # (the odd units decode in 2 ms each with the dictionary, 1 ms without)
+        return MountedSample(
+            {"a/*.json": 2e-3 * len(odd)}, 2.0, plain_s={"a/*.json": 1e-3 * len(odd)}
+        )
 
     a = ClassSample(
         "a/*.json", files=4000, total_bytes=6_000_000, chunks=4000, units=_units(5, [1500] * 64)
