@@ -66,6 +66,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _benchlib
 import numpy as np
 
 from fanfs import _harness as harness
@@ -249,34 +250,42 @@ def mounted(pack: Path, mnt: Path, *, prefetch: bool = False) -> Iterator[tuple[
     mnt.mkdir(parents=True, exist_ok=True)
     log_path = mnt.parent / (mnt.name + ".log")
     log_path.unlink(missing_ok=True)
-    subprocess.run(
-        [
-            *FANFS,
-            "mount",
-            str(pack),
-            str(mnt),
-            "--log",
-            str(log_path),
-            "--prefetch",
-            "on" if prefetch else "off",
-            "--cache-memory",
-            "0",
-        ],
-        check=True,
-        timeout=120,
-    )
     try:
+        # (Ctrl-C or SIGTERM held until the mount command is done: interrupted, it left the
+        # mount its daemon brought up after, with nothing to unmount it)
+        with _benchlib.signals_deferred():
+            subprocess.run(
+                [
+                    *FANFS,
+                    "mount",
+                    str(pack),
+                    str(mnt),
+                    "--log",
+                    str(log_path),
+                    "--prefetch",
+                    "on" if prefetch else "off",
+                    "--cache-memory",
+                    "0",
+                ],
+                check=True,
+                timeout=120,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and "preload" not in log_path.read_text():
             time.sleep(0.02)
         yield harness.serving_pids(mnt), log_path
     finally:
-        result = subprocess.run(
-            [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
-        )
-        if result.returncode != 0 or harness.mount_type(mnt) is not None:
-            log("umount failed (%s); lazy unmount", result.stderr.decode().strip())
-            subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
+        if harness.mount_type(mnt) is not None:
+            _unmount(mnt)
+
+
+def _unmount(mnt: Path) -> None:
+    result = subprocess.run(
+        [*FANFS, "umount", str(mnt)], capture_output=True, timeout=60, check=False
+    )
+    if result.returncode != 0 or harness.mount_type(mnt) is not None:
+        log("umount failed (%s); lazy unmount", result.stderr.decode().strip())
+        subprocess.run([*FANFS, "umount", "--lazy", str(mnt)], check=False, timeout=60)
 
 
 def read_and_drop(path: str | bytes | os.PathLike[str]) -> None:
