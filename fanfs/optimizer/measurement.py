@@ -827,14 +827,11 @@ class PlanCost:
     beside_s: float = 0.0
     beside_from: float = field(default_factory=lambda: _COMPRESSING.beside_s)
 
-    def mounted_s(self) -> float:
-        """The wall seconds of the sample's mounts (`mounted`, `dict_mounted`) so far."""
-        return sum(m.seconds for m in (self.mounted, self.dict_mounted) if m is not None)
-
     def counted_s(self) -> float:
-        """The seconds counted so far: the sample, the reference pass, the sample's mounts
+        """The seconds counted so far: the sample, the reference pass, the sample's mount
         (wall seconds), the measuring."""
-        return self.sample_s + self.reference_s + self.mounted_s() + self.measure_s
+        mounted = sum(m.seconds for m in (self.mounted, self.dict_mounted) if m is not None)
+        return self.sample_s + self.reference_s + mounted + self.measure_s
 
     def note_other(self, now: float | None = None) -> float:
         """`other_s` as of `now` (perf_counter; None: now): the plan's wall time so far less
@@ -1119,8 +1116,8 @@ def dictionary_penalties(
     ratio in seven classes of eight. What the dictionaries' mount paid per unit, taken as the
     penalty itself, followed the classes of small files but put the JSON files (sampled in
     units of 87 KB, stored in chunks of 47 KB) at 1.6x what the pack's epoch read; the
-    ratio taken across two mounts (the units without the dictionary read in the sample's,
-    before the plan's profiling), 1.3-1.9x for the small files (docs/benchmarks.md)."""
+    ratio taken across two mounts (the units without the dictionary in the sample's, 20 s
+    earlier), 1.3-1.9x for the small files (docs/benchmarks.md)."""
     spec = REFERENCE.spec
     out = {}
     for cls in classes:

@@ -1642,20 +1642,6 @@ def test_the_share_counts_the_wall_time_the_plan_did_not_measure() -> None:
         assert cost.other_s == pytest.approx(other, abs=0.1)
 
 
-def test_the_measuring_budget_takes_off_the_sample_mounts() -> None:
-    """The sample's mount (2 s) and the dictionaries' (1.5 s) are taken off the measuring
-    budget as the sample's reading and the reference pass are: of 10 s (25% of a 40 s
-    pack), 2 s for those two and 3.5 s for the mounts leave 4.5 s."""
-    from fanfs.optimizer import budgets
-    from fanfs.optimizer.coldmount import MountedSample
-
-    settings = _slow_pack_settings()
-    cost = PlanCost(None, reference_s=1.0, sample_s=1.0)
-    cost.mounted, cost.dict_mounted = MountedSample(seconds=2.0), MountedSample(seconds=1.5)
-    assert cost.mounted_s() == 3.5
-    assert budgets._measuring_budget(settings, cost, 40.0, 1.0) == pytest.approx(4.5)
-
-
 def test_a_plan_reports_its_wall_time_besides_measuring(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
