@@ -1116,8 +1116,8 @@ def dictionary_penalties(
     ratio in seven classes of eight. What the dictionaries' mount paid per unit, taken as the
     penalty itself, followed the classes of small files but put the JSON files (sampled in
     units of 87 KB, stored in chunks of 47 KB) at 1.6x what the pack's epoch read; the
-    ratio taken across two mounts (the units without the dictionary in the sample's, 20 s
-    earlier), 1.3-1.9x for the small files (docs/benchmarks.md)."""
+    ratio taken across two mounts (the units without the dictionary read in the sample's,
+    before the plan's profiling), 1.3-1.9x for the small files (docs/benchmarks.md)."""
     spec = REFERENCE.spec
     out = {}
     for cls in classes:
