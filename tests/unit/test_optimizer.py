@@ -3207,3 +3207,33 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         assert got[zstd19d].decode_s - got[zstd19d].warm > 1.5 * got[REFERENCE].decode_s
     assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
     assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
+
+
+def test_a_loose_decode_budget_mounts_no_dictionaries() -> None:
+    """Under a decode budget of at least twice the reference's decode (capacity-leaning),
+    the choices go by size: the sample is mounted, the dictionaries are not, and the
+    dictionary candidate keeps the method's penalty."""
+    from fanfs.optimizer.coldmount import MountedSample
+    from fanfs.optimizer.measurement import measure
+
+    calls: list[bool] = []
+
+    def cold_fn(classes: Sequence[ClassSample], *, dictionaries: bool = False) -> MountedSample:
+        calls.append(dictionaries)
+        return MountedSample({}, 1.0)
+
+    a = ClassSample(
+        "a/*.json", files=4000, total_bytes=6_000_000, chunks=4000, units=_units(5, [1500] * 64)
+    )
+    zstd3d = Candidate(REFERENCE.spec, use_dict=True)
+    for budget, mounts in ((1e9, [False]), (None, [False, True])):
+        calls.clear()
+        a.dictionary = None
+        cost = PlanCost(None)
+        profile(
+            [a], [REFERENCE, zstd3d], time_budget_s=60.0, measure_fn=measure, spent_out=cost,
+            decode_budget_s=budget, cold_fn=cold_fn,
+        )  # fmt: skip
+        assert a.dictionary is not None
+        assert calls == mounts, budget
+        assert (cost.dict_mounted is None) == (budget is not None)
