@@ -236,6 +236,7 @@ class Packer:
         self.plan: Plan | None = None
         self.sample: TreeSample | None = None
         self.dict_ids: dict[str, int] = {}
+        self._dir_codecs = {name: (spec, dic) for name, spec, dic in opts.dir_codecs}
         self.chunk_rows = _ChunkRows()
         self.block_size = effective_block_size(opts.chunk_size, opts.block_size)
         self.solid_block = (
@@ -325,11 +326,10 @@ class Packer:
         """A file's class (with --codec auto), codec, dictionary, and whether the class's
         small files go into solid blocks."""
         if self.plan is None:
-            if self.opts.dir_codecs:
-                top = rel.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
-                for name, spec, dictionary in self.opts.dir_codecs:
-                    if name == top:
-                        return name, spec, dictionary, self.solid_block > 0
+            top = rel.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+            if top in self._dir_codecs:
+                spec, dictionary = self._dir_codecs[top]
+                return top, spec, dictionary, self.solid_block > 0
             return "", self.opts.codec, None, self.solid_block > 0
         cls = class_of(rel, self.plan.class_names)
         if cls not in self.plan.class_names:

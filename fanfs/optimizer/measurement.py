@@ -1105,12 +1105,12 @@ def dictionary_penalties(
     refs: dict[str, Measurement],
     shifts: dict[str, float],
 ) -> dict[tuple[str, int], float]:
-    """Each class's zstd dictionary penalty per chunk (`dictionary_penalty`'s) as the mounts
-    of its sample paid it: the class stored with zstd:3 and its dictionary decodes in the
-    reference's projection (`project_decode`, with the class's shift) times the ratio of
-    the dictionary's units (`dictionary_units`) decoded with it to the same units without
-    it, read among them in one mount (`sample_mount` with dictionaries), its hot decode the
-    reference's times the same ratio hot here. Less the class's shift, which
+    """Each class's zstd dictionary penalty per chunk (`dictionary_penalty`'s) as the mount
+    of its dictionary's units paid it: the class stored with zstd:3 and its dictionary
+    decodes in the reference's projection (`project_decode`, with the class's shift) times
+    the ratio of the dictionary's units (`dictionary_units`) decoded with it to the same
+    units without it, read among them in one mount (`sample_mount` with dictionaries), its
+    hot decode the reference's times the same ratio hot here. Less the class's shift, which
     `_project` adds to every cold penalty of the class (`refs`: the reference's measurement
     by class). A class either mount charged nothing keeps its penalty.
 
@@ -1128,9 +1128,7 @@ def dictionary_penalties(
     for cls in classes:
         traced, base = mounted.decode_s.get(cls.name, 0.0), mounted.plain_s.get(cls.name, 0.0)
         m, units = refs.get(cls.name), dictionary_units(cls)
-        if traced <= 0 or base <= 0 or m is None or not cls.dictionary or not units:
-            continue
-        if not cls.chunks:
+        if traced <= 0 or base <= 0 or m is None or not cls.dictionary or not cls.chunks:
             continue
         shift = shifts.get(cls.name, 0.0)
         decode_s, warm_s = project_decode(m, cls.total_bytes, cls.chunks, shift)
