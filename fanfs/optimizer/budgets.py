@@ -1049,12 +1049,11 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         note = "not measured"
     else:
         note = mounted.note or None
-    seconds = sum(m.seconds for m in (mounted, plan.cost.dict_mounted) if m is not None)
     return {
         "model": plan.settings.cold_model,
         "mounted_classes": sorted(plan.cost.shifts),
         "dictionary_classes": sorted(plan.cost.dict_shifts),
-        "mount_s": round(seconds, 3),
+        "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,
     }
 

@@ -127,10 +127,11 @@ def _measure(
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
     plain: dict[bytes, int] = {}  # (with `dictionaries`: the same units without it)
+    copies = [("c%03d", members), ("p%03d", plain)] if dictionaries else [("c%03d", members)]
     dirs = []
     try:
         for k, cls in enumerate(classes):
-            for top, owned in (("c%03d", members), ("p%03d", plain))[: 1 + dictionaries]:
+            for top, owned in copies:
                 os.makedirs(os.path.join(tree, top % k))
                 for i, unit in enumerate(_units(cls, dictionaries)):
                     rel = "%s/u%06d" % (top % k, i)

@@ -827,11 +827,14 @@ class PlanCost:
     beside_s: float = 0.0
     beside_from: float = field(default_factory=lambda: _COMPRESSING.beside_s)
 
+    def mounted_s(self) -> float:
+        """The wall seconds of the sample's mounts so far (`mounted`, `dict_mounted`)."""
+        return sum(m.seconds for m in (self.mounted, self.dict_mounted) if m is not None)
+
     def counted_s(self) -> float:
-        """The seconds counted so far: the sample, the reference pass, the sample's mount
+        """The seconds counted so far: the sample, the reference pass, the sample's mounts
         (wall seconds), the measuring."""
-        mounted = sum(m.seconds for m in (self.mounted, self.dict_mounted) if m is not None)
-        return self.sample_s + self.reference_s + mounted + self.measure_s
+        return self.sample_s + self.reference_s + self.mounted_s() + self.measure_s
 
     def note_other(self, now: float | None = None) -> float:
         """`other_s` as of `now` (perf_counter; None: now): the plan's wall time so far less
@@ -875,8 +878,8 @@ def profile(
        not compared with the reference's whole sample.
 
     With `cold_fn` (`coldmount.sample_mount`), the classes' cold costs come from it, called
-    once right after the reference pass (`cold_shifts`), and its seconds count like the
-    pass's.
+    once right after the reference pass (`cold_shifts`), and its seconds count in the plan's
+    share (not in `time_budget_s`: `budgets._measuring_budget`).
 
     The reference pass is the plan's floor: `time_budget_s` bounds what is measured after
     it. Time is counted with the measurements' own numbers (and a nominal cost for dictionary
