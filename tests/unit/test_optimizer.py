@@ -3204,7 +3204,12 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         # with its dictionary the class decodes in twice the reference's projection (the
         # two mounts' ratio), give or take the hot ratios' difference between candidates
         assert got[zstd3d].decode_s == pytest.approx(2 * got[REFERENCE].decode_s, rel=0.2)
-        assert got[zstd19d].decode_s - got[zstd19d].warm > 1.5 * got[REFERENCE].decode_s
+        # and its cold part (one penalty per class, for every zstd level) is several times
+        # the reference's: its projection less a hot part timed on this host (often 0.8 of
+        # it), where the method would charge a few microseconds per chunk
+        cold = [got[c].decode_s - got[c].warm for c in (zstd3d, zstd19d, REFERENCE)]
+        assert cold[1] == pytest.approx(cold[0], rel=0.05)
+        assert cold[1] > 1.5 * cold[2]
     assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
     assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
 
