@@ -21,7 +21,6 @@ from fanfs.optimizer import (
     Plan,
     PlanSettings,
     ReadModel,
-    budgets,
     parse_candidates,
     plan_record,
 )
@@ -385,8 +384,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         out.append(
             "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass%s, %.1f s of "
             "measurement (CPU) within a budget of %.1f s%s%s%s; the pack is predicted to "
-            "take %.1f s on %d jobs: the budget aims at %g%% of it, taken at %gx for the host's "
-            "speed (%.1f s), for all%s"
+            "take %.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all%s"
             % (
                 smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
@@ -404,8 +402,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 smp["predicted_pack_s"],
                 s["jobs"],
                 100 * s["plan_share"],
-                budgets.HOST_MARGIN,
-                s["plan_share"] * smp["predicted_pack_s"] * budgets.HOST_MARGIN,
+                s["plan_share"] * smp["predicted_pack_s"],
                 _share_ceiling(s["plan_share"], smp["predicted_pack_s"]),
             )
         )

@@ -413,11 +413,6 @@ def _make_plan(
 # The measuring budget's rounds (`_budget_rounds`): each may grow the budget by this factor
 # at most, until it is within ROUND_SLACK of its share of the selection's predicted pack.
 ROUND_GROWTH: Final = 1.5
-# The share is taken of the predicted pack at this much: on the real dataset the pack
-# (without the plan) came to 0.83-1.04x the plan's last prediction in 13 runs, median 0.92,
-# the host's speed moving between the plan and the pack, and the plans that aimed at the
-# whole prediction took 26.5-27.1% of the pack time in three of them.
-HOST_MARGIN: Final = 0.9
 ROUND_SLACK: Final = 1.1
 MAX_ROUNDS: Final = 12
 
@@ -437,8 +432,7 @@ def _measuring_budget(
     fast moment they left a first budget of 14 s, no class was measured in solid blocks,
     and the balanced pack came to 473.5 MB against 444-446 MB (run Z31)."""
     floor = cost.sample_s + cost.reference_s + cost.note_other()
-    share_s = settings.plan_share * predicted_pack_s * HOST_MARGIN
-    return max(share_s - floor, 0.0) * codecs_share
+    return max(settings.plan_share * predicted_pack_s - floor, 0.0) * codecs_share
 
 
 def _within_share(
@@ -450,8 +444,7 @@ def _within_share(
     pack is predicted now; `keep` of those left are kept for what comes
     after (the capacity-leaning modes' solid blocks, which save more than confirming).
 
-    Both take the predicted pack at HOST_MARGIN of it. The budget aims at plan_share of
-    the predicted pack without the plan (`_budget_rounds`),
+    The budget aims at plan_share of the predicted pack without the plan (`_budget_rounds`),
     which leaves room for the prediction to fall as the plan measures more. It fell further:
     the rounds grow the budget toward the fastest pack predicted so far, and the selections
     made after, on more units, chose codecs that compress faster (on the real dataset,
@@ -468,11 +461,10 @@ def _within_share(
 
 def plan_ceiling_s(plan_share: float, predicted_pack_s: float) -> float:
     """The most a plan may take to stay within `plan_share` of the pack time, itself
-    included, when the pack (without the plan) is predicted to take `predicted_pack_s`,
-    taken at HOST_MARGIN of it."""
+    included, when the pack (without the plan) is predicted to take `predicted_pack_s`."""
     if plan_share >= 1.0:
         return math.inf
-    return plan_share / (1.0 - plan_share) * predicted_pack_s * HOST_MARGIN
+    return plan_share / (1.0 - plan_share) * predicted_pack_s
 
 
 Selected = tuple[list[ClassProfile], Selection, float | None]
