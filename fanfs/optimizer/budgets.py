@@ -269,6 +269,8 @@ def _make_plan(
 
         def budget_of(ref_compress_s: float) -> float:
             cost.predicted_pack_s = read_s + ref_compress_s / max(settings.jobs, 1)
+            if cost.aimed_pack_s is None:
+                cost.aimed_pack_s = cost.predicted_pack_s
             log.debug("plan: the pack is first predicted at %.1f s", cost.predicted_pack_s)
             return _measuring_budget(settings, cost, cost.predicted_pack_s, codecs_share)
 
@@ -357,7 +359,7 @@ def _make_plan(
             measure_fn,
             cost,
             solid,
-            _within_share(settings, cost, solid_s),
+            _within_share(settings, cost, solid_s, aimed=True),
         )
         profiles, selection, budget = reselect()
     # The capacity-leaning modes' solid blocks come after confirming: their seconds are kept.
@@ -436,7 +438,7 @@ def _measuring_budget(
 
 
 def _within_share(
-    settings: PlanSettings, cost: PlanCost, seconds: float, keep: float = 0.0
+    settings: PlanSettings, cost: PlanCost, seconds: float, keep: float = 0.0, aimed: bool = False
 ) -> float:
     """`seconds` of the measuring that follows the budget's rounds (the solid blocks,
     confirming), cut to what keeps the plan within plan_share of the pack time, the plan
@@ -451,11 +453,22 @@ def _within_share(
     brotli:11 chosen for the JSON on 9 units gave way to zstd:19 with a dictionary: 78 s of
     the predicted pack became 15 s). Two capacity-leaning plans of the last five took 26.9%
     and 27.7% of the pack time, the second after reporting 78.5 s as its bound and spending
-    120.7 s (docs/benchmarks.md, "2026-11-28, late")."""
+    120.7 s (docs/benchmarks.md, "2026-11-28, late").
+
+    `aimed` (the balanced mode's solid blocks, measured before confirming): the pack taken
+    as the larger of the latest prediction and the first guess (`PlanCost.aimed_pack_s`).
+    The selections before the blocks are measured choose no block, so they predict a pack
+    without them: on the real dataset such a plan predicted 79-88 s, left its blocks no
+    time, and the pack came to 465-470 MB (469.4 MB in run Z34; 446-448 MB where the
+    selections had predicted 99-124 s, the blocks measured and chosen for 7-8 classes);
+    the first guess, every compressible class at the densest zstd level, was 119 s."""
     if settings.time_budget_s is not None or cost.predicted_pack_s is None:
         return seconds
     spent = cost.counted_s() + cost.note_other()
-    left = plan_ceiling_s(settings.plan_share, cost.predicted_pack_s) - spent
+    predicted = cost.predicted_pack_s
+    if aimed:
+        predicted = max(predicted, cost.aimed_pack_s or 0.0)
+    left = plan_ceiling_s(settings.plan_share, predicted) - spent
     return max(min(seconds, left - keep), 0.0)
 
 

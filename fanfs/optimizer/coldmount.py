@@ -13,13 +13,15 @@ shuffled order through a mount with the decode trace on, put 25-30 of 33 within 
 (docs/benchmarks.md, "where the per-class misses come from").
 
 The sample is written into a private directory (mkdtemp, mode 0700: the plan may run as
-root), and everything there is removed, and the mount unmounted, whatever happens. Without
-FUSE, or with anything else that fails, the plan keeps its method and says why.
+root), in memory (/dev/shm) where it has room, and everything there is removed, and the
+mount unmounted, whatever happens. Without FUSE, or with anything else that fails, the plan
+keeps its method and says why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -53,6 +55,19 @@ STEP_TIMEOUT_S: Final = 120.0
 # Seconds to wait for the mount's preload, and for its statistics (written with the decode
 # trace) after unmounting.
 LOG_WAIT_S: Final = 30.0
+# The sample's mount also reads up to this many of each class's odd units stored with
+# brotli at BROTLI_LEVEL (`brotli_units`), a minority among the zstd:3 units as brotli's
+# chunks are in a pack: brotli's cold cost is its decoder's state, code and static
+# dictionary fetched again between the other classes' decodes, which a loop over its own
+# objects keeps hot. The level compresses fast; brotli's levels share the decoder.
+BROTLI_UNITS: Final = 16
+BROTLI_BYTES: Final = 256 * 1024  # (and no more units than reach this many bytes)
+BROTLI_LEVEL: Final = "brotli:5"
+# Where the sample is written first when there is room (twice its units: the files and the
+# pack), else the temporary directory: a file created on the real dataset's disk (ext4 on a
+# shared virtual disk) took 0.3-0.6 ms, 2-4.5 s of a plan's two mounts, against 0.02 ms in
+# memory.
+SCRATCH_DIRS: Final = ("/dev/shm",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,10 @@ class MountedSample:
     # with `dictionaries`: each class's decode of the same units packed without its
     # dictionary, read in the same mount (what `decode_s` is compared with, unit for unit)
     plain_s: dict[str, float] = field(default_factory=dict)
+    # without: each class's `brotli_units` stored with BROTLI_LEVEL, and the same units'
+    # zstd:3 chunks among the class's own
+    brotli_s: dict[str, float] = field(default_factory=dict)
+    brotli_base_s: dict[str, float] = field(default_factory=dict)
 
 
 class _Failed(Exception):
@@ -84,22 +103,25 @@ def sample_mount(
     `dictionaries`, the units the class's dictionary was not trained on (`dictionary_units`)
     of each class that has one, packed with zstd:3 and that dictionary, and the same units
     again without it, all read in one shuffled order, each serving process's first decode of
-    each copy of a class charged the copy's mean (`_charged`). Never raises: a failure
-    returns an empty result with a one-line note."""
+    each copy of a class charged the copy's mean (`_charged`). Without, each class's
+    `brotli_units` are read among them stored with BROTLI_LEVEL too (`brotli_s`, and the
+    same units' zstd:3 chunks in `brotli_base_s`). Never raises: a failure returns an empty
+    result with a one-line note."""
     start = time.perf_counter()
     picked = [c for c in classes if len(_units(c, dictionaries)) >= MOUNT_MIN_UNITS]
     if not picked:
         return MountedSample(note="no class has %d sample units" % MOUNT_MIN_UNITS)
+    need = sum(len(u) for c in picked for u in _units(c, dictionaries))
     try:
-        work = tempfile.mkdtemp(prefix="fanfs-plan-")
+        work = tempfile.mkdtemp(prefix="fanfs-plan-", dir=_scratch(4 * need))
     except OSError as exc:
         return MountedSample(
             seconds=time.perf_counter() - start,
             note="no temporary directory for the sample (%s)" % (exc.strerror or exc),
         )
     try:
-        decode_s, plain_s = _measure(picked, work, chunk_size, seed, dictionaries)
-        return MountedSample(decode_s, time.perf_counter() - start, plain_s=plain_s)
+        got = _measure(picked, work, chunk_size, seed, dictionaries)
+        return dataclasses.replace(got, seconds=time.perf_counter() - start)
     except _Failed as exc:
         log.info("plan: the sample's mount is not used: %s", exc)
         return MountedSample(seconds=time.perf_counter() - start, note=str(exc))
@@ -113,6 +135,32 @@ def dictionary_units(cls: ClassSample) -> list[bytes]:
     return cls.measure_units[1::2]
 
 
+def _scratch(need: int) -> str | None:
+    """The first of SCRATCH_DIRS this process may write with `need` bytes free in it, else
+    None (the temporary directory)."""
+    for path in SCRATCH_DIRS:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(path)
+            if os.access(path, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= need:
+                return path
+    return None
+
+
+def brotli_units(cls: ClassSample) -> list[bytes]:
+    """The units of `cls`'s sample the mount also reads stored with brotli: up to
+    BROTLI_UNITS of the odd ones, no more than reach BROTLI_BYTES (none for fewer than
+    MOUNT_MIN_UNITS sample units)."""
+    if len(cls.measure_units) < MOUNT_MIN_UNITS:
+        return []
+    picked, total = [], 0
+    for unit in cls.measure_units[1::2][:BROTLI_UNITS]:
+        if total >= BROTLI_BYTES:
+            break
+        picked.append(unit)
+        total += len(unit)
+    return picked
+
+
 def _units(cls: ClassSample, dictionaries: bool) -> list[bytes]:
     if not dictionaries:
         return cls.measure_units
@@ -121,39 +169,38 @@ def _units(cls: ClassSample, dictionaries: bool) -> list[bytes]:
 
 def _measure(
     classes: Sequence[ClassSample], work: str, chunk_size: int, seed: int, dictionaries: bool
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> MountedSample:
     """Each class's decode through the mount, and with `dictionaries` the same units'
-    without the dictionary (else empty)."""
+    without the dictionary, else the brotli copies' and their zstd:3 units'."""
     tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
-    plain: dict[bytes, int] = {}  # (with `dictionaries`: the same units without it)
-    copies = [("c%03d", members), ("p%03d", plain)] if dictionaries else [("c%03d", members)]
-    dirs = []
+    # with `dictionaries`: the same units without it; else the brotli copies
+    plain: dict[bytes, int] = {}
+    same: dict[bytes, int] = {}  # (the brotli copies' units among `members`)
+    dirs: list[list[str | None]] = []  # (directory, codec, dictionary file) for `_PACKER`
     try:
         for k, cls in enumerate(classes):
-            for top, owned in copies:
-                os.makedirs(os.path.join(tree, top % k))
-                for i, unit in enumerate(_units(cls, dictionaries)):
-                    rel = "%s/u%06d" % (top % k, i)
-                    with open(os.path.join(tree, rel), "xb") as f:
-                        f.write(unit)
-                    owned[rel.encode()] = k
+            units = _units(cls, dictionaries)
+            _write(tree, "c%03d" % k, units, members, k)
             if dictionaries:
-                dirs.append(["c%03d" % k, os.path.join(work, "d%03d" % k)])
-                with open(dirs[-1][1], "xb") as f:
+                _write(tree, "p%03d" % k, units, plain, k)
+                dirs.append(["c%03d" % k, "zstd:3", os.path.join(work, "d%03d" % k)])
+                with open(os.path.join(work, "d%03d" % k), "xb") as f:
                     f.write(cls.dictionary or b"")
+            elif brotli_units(cls):
+                _write(tree, "b%03d" % k, brotli_units(cls), plain, k)
+                dirs.append(["b%03d" % k, BROTLI_LEVEL, None])
+                odd = range(1, 2 * len(brotli_units(cls)), 2)
+                same.update({b"c%03d/u%06d" % (k, i): k for i in odd})
         os.mkdir(mnt)
     except OSError as exc:
         raise _Failed("cannot write the sample (%s)" % (exc.strerror or exc)) from None
-    if dictionaries:
-        # (`fanfs pack` trains no dictionary of its own: the plan's, each for its directory)
-        _python("packing the sample", ["-c", _PACKER, tree, pack, str(chunk_size)],
-                stdin=json.dumps(dirs))  # fmt: skip
-    else:
-        _fanfs("packing the sample", "pack", "-q", "--codec", "zstd:3", "--chunk-size",
-               str(chunk_size), tree, pack)  # fmt: skip
+    # (`fanfs pack` trains no dictionary of its own: the plan's, each for its directory)
+    _python("packing the sample", ["-c", _PACKER, tree, pack, str(chunk_size)],
+            stdin=json.dumps(dirs))  # fmt: skip
     owner, plain_owner = _chunk_owners(pack, members), _chunk_owners(pack, plain)
+    same_owner = _chunk_owners(pack, {rel: k for rel, k in same.items() if rel in members})
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
         _fanfs(
@@ -174,12 +221,28 @@ def _measure(
         _unmount(mnt)
     if not _wait_for(log_path, "statistics: "):
         raise _Failed("the sample's mount wrote no statistics (see its log)")
-    if not dictionaries:
-        return _charged(classes, work, owner), {}
-    return (
-        _charged(classes, work, owner, first_use=False),
-        _charged(classes, work, plain_owner, first_use=False),
+    if dictionaries:
+        return MountedSample(
+            _charged(classes, work, owner, first_use=False),
+            plain_s=_charged(classes, work, plain_owner, first_use=False),
+        )
+    brotli = _charged(classes, work, plain_owner, first_use=False) if plain else {}
+    base = _charged(classes, work, same_owner, first_use=False) if plain else {}
+    return MountedSample(
+        _charged(classes, work, owner),
+        brotli_s={name: s for name, s in brotli.items() if s > 0},
+        brotli_base_s={name: s for name, s in base.items() if s > 0 and brotli.get(name)},
     )
+
+
+def _write(tree: str, top: str, units: Sequence[bytes], owned: dict[bytes, int], k: int) -> None:
+    """Write `units` as files TOP/u000000... of `tree`, each owned by class number `k`."""
+    os.makedirs(os.path.join(tree, top))
+    for i, unit in enumerate(units):
+        rel = "%s/u%06d" % (top, i)
+        with open(os.path.join(tree, rel), "xb") as f:
+            f.write(unit)
+        owned[rel.encode()] = k
 
 
 def _fanfs(what: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -232,20 +295,23 @@ def _chunk_owners(pack: str, members: dict[bytes, int]) -> np.ndarray:
         reader.close()
 
 
-# The sample's pack with the plan's dictionaries, a child process: each named directory's
-# units compressed with zstd:3 and its dictionary (stdin: [directory, dictionary file]
-# pairs), the other directories' with zstd:3 alone.
+# The sample's pack, a child process: each named directory's units compressed with its
+# codec and dictionary (stdin: [directory, codec, dictionary file or null] triples), the
+# other directories' with zstd:3 alone.
 _PACKER: Final = """
 import json, sys
 from fanfs.compression import parse_codec
 from fanfs.pack import Packer, PackOptions
 src, out, chunk_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
-spec = parse_codec("zstd:3")
 dirs = []
-for name, path in json.load(sys.stdin):
-    with open(path, "rb") as f:
-        dirs.append((name, spec, f.read()))
-Packer(PackOptions(src, out, spec, chunk_size=chunk_size, quiet=True, dir_codecs=tuple(dirs))).run()
+for name, codec, path in json.load(sys.stdin):
+    dictionary = None
+    if path is not None:
+        with open(path, "rb") as f:
+            dictionary = f.read()
+    dirs.append((name, parse_codec(codec), dictionary))
+Packer(PackOptions(src, out, parse_codec("zstd:3"), chunk_size=chunk_size, quiet=True,
+                   dir_codecs=tuple(dirs))).run()
 """
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fanfs.mountinfo import mounts_under
-from fanfs.optimizer import ClassSample
+from fanfs.optimizer import ClassSample, coldmount
 from fanfs.optimizer.coldmount import MOUNT_MIN_UNITS, sample_mount
 from tests.conftest import run_fanfs
 
@@ -37,6 +37,7 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     base = tmp_path / "tmp"
     base.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(base))
+    monkeypatch.setattr(coldmount, "SCRATCH_DIRS", (str(base),))
     return base
 
 
@@ -51,9 +52,42 @@ def test_each_class_of_enough_units_is_read_through_a_mount_and_nothing_is_left(
     # 20 units of 1-12 KB of zstd:3 each decoded and verified once: microseconds each
     assert 0.0 < got.decode_s["a/*.txt"] < 1.0
     assert got.plain_s == {}
+    # the class's first odd units stored with brotli too, and the same units' zstd:3 chunks
+    assert list(got.brotli_s) == list(got.brotli_base_s) == ["a/*.txt"]
+    assert 0.0 < got.brotli_base_s["a/*.txt"] < got.decode_s["a/*.txt"]
+    assert 0.0 < got.brotli_s["a/*.txt"] < 1.0
     assert got.seconds > 0.0
     assert os.listdir(private_tmp) == []
     assert mounts_under(str(private_tmp)) == []
+
+
+def test_the_sample_is_written_where_it_has_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the first of SCRATCH_DIRS with room for it (memory on a real host), else the
+    temporary directory; nothing left in either."""
+    scratch, temp = tmp_path / "shm", tmp_path / "tmp"
+    scratch.mkdir()
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def spy(*args: object, **kwargs: object) -> str:
+        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    cls = ClassSample("a/*.txt", files=40, units=_texts(MOUNT_MIN_UNITS, 1))
+    for dirs, where in (((str(scratch),), scratch), ((str(tmp_path / "none"),), temp)):
+        monkeypatch.setattr(coldmount, "SCRATCH_DIRS", dirs)
+        assert sample_mount([cls], chunk_size=1 << 20).note == ""
+        assert Path(made[-1]).parent == where
+    free = os.statvfs(scratch).f_bavail * os.statvfs(scratch).f_frsize
+    monkeypatch.setattr(coldmount, "SCRATCH_DIRS", (str(scratch),))
+    assert coldmount._scratch(2 * free) is None
+    assert coldmount._scratch(free // 2) == str(scratch)
+    assert os.listdir(scratch) == os.listdir(temp) == []
 
 
 def test_with_dictionaries_the_units_each_dictionary_was_not_trained_on_are_mounted(
@@ -125,6 +159,7 @@ def test_no_temporary_directory_leaves_the_method_and_says_why(
     not_a_dir = tmp_path / "file"
     not_a_dir.write_bytes(b"")
     monkeypatch.setattr(tempfile, "tempdir", str(not_a_dir))
+    monkeypatch.setattr(coldmount, "SCRATCH_DIRS", ())
     many = ClassSample("a/*.txt", files=40, units=_texts(MOUNT_MIN_UNITS, 1))
     got = sample_mount([many], chunk_size=1 << 20)
     assert got.decode_s == {}

@@ -1393,6 +1393,9 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     budget, predicted = plan.cost.budget_s, plan.cost.predicted_pack_s
     assert budget is not None and predicted is not None
     assert 2 <= sample["rounds"] < MAX_ROUNDS
+    # the first guess is kept as the pack aimed at (not the rounds' later predictions)
+    assert plan.cost.aimed_pack_s is not None and plan.cost.aimed_pack_s > 0
+    assert plan.cost.aimed_pack_s != pytest.approx(predicted)
     floor = plan.cost.sample_s + plan.cost.reference_s
     assert floor > 0 and sample["sample_read_s"] > 0
     # (the last round may leave it above: its selection predicted a faster pack than the
@@ -1640,6 +1643,22 @@ def test_the_share_counts_the_wall_time_the_plan_did_not_measure() -> None:
         )
         assert budgets._within_share(settings, cost, 100.0) == pytest.approx(7.0 - other, abs=0.1)
         assert cost.other_s == pytest.approx(other, abs=0.1)
+
+
+def test_the_balanced_solid_blocks_are_measured_within_the_share_of_the_pack_aimed_at() -> None:
+    # The selections before the solid blocks are measured choose none and predict a pack
+    # without them (36 s: the plan may take 12 s, itself included); the first guess, at the
+    # densest levels, was 60 s (20 s). Having spent 10 s, the blocks may take 10 s more of
+    # the first, and 2 s of the second; anything else only the 2 s.
+    from fanfs.optimizer import budgets
+
+    settings = _slow_pack_settings()
+    cost = PlanCost(None, measure_s=8.0, reference_s=1.0, sample_s=1.0)
+    cost.predicted_pack_s, cost.aimed_pack_s = 36.0, 60.0
+    assert budgets._within_share(settings, cost, 100.0, aimed=True) == pytest.approx(10.0)
+    assert budgets._within_share(settings, cost, 100.0) == pytest.approx(2.0)
+    cost.predicted_pack_s = 90.0  # (a later prediction above the first guess: it stands)
+    assert budgets._within_share(settings, cost, 100.0, aimed=True) == pytest.approx(20.0)
 
 
 def test_a_plan_reports_its_wall_time_besides_measuring(
@@ -3151,6 +3170,73 @@ def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() ->
     assert got[("a/*.txt", CODEC_ZSTD)] == pytest.approx(
         (0.102 * 1.5 - 0.002 * hot_ratio) / 100 - 4e-4, rel=0.02
     )
+
+
+def test_brotlis_penalty_follows_the_mounts_ratio_among_the_zstd_units() -> None:
+    """The sample's mount decoded a class's brotli units (16 of its 40 odd ones, stored with
+    brotli:5) in 50 ms and the same units' zstd:3 chunks in 20 ms: the class stored with
+    brotli decodes in 2.5x the reference's projection, its hot part the reference's times
+    their hot ratio here; the penalty per chunk is the rest, less the shift. A class the
+    mount charged nothing keeps the method's."""
+    from fanfs.compression import CODEC_BROTLI, compress_object
+    from fanfs.optimizer.coldmount import BROTLI_LEVEL, MountedSample, brotli_units
+    from fanfs.optimizer.measurement import (
+        _objects,
+        _timed_decode,
+        brotli_penalties,
+        project_decode,
+    )
+
+    units = _units(3, [2000] * 40)
+    cls, quiet, few = (
+        ClassSample(name, files=100, total_bytes=200_000, chunks=100, units=units[:n])
+        for name, n in (("a/*.txt", 40), ("c/*.txt", 40), ("d/*.txt", 15))
+    )
+    assert len(brotli_units(cls)) == 16 and brotli_units(few) == []
+    ref_m = Measurement(40, 80_000, 20_000, 0.0008 + 40 * 6e-4, 0.1, cold=0.0248 / 0.0008)
+    mounted = MountedSample(
+        {"a/*.txt": 0.05}, brotli_s={"a/*.txt": 0.05}, brotli_base_s={"a/*.txt": 0.02}
+    )
+    refs = {c.name: ref_m for c in (cls, quiet, few)}
+    got = brotli_penalties(mounted, [cls, quiet, few], refs, {"a/*.txt": 4e-4})
+    assert list(got) == [("a/*.txt", CODEC_BROTLI)]
+    assert project_decode(ref_m, 200_000, 100, 4e-4) == pytest.approx((0.102, 0.002))
+    picked = brotli_units(cls)
+    objects = [
+        _objects([compress_object(u, spec) for u in picked], picked)
+        for spec in (parse_codec(BROTLI_LEVEL), REFERENCE.spec)
+    ]
+    _, hot, hot_plain, _ = _timed_decode(objects[0], None, beside=objects[1])
+    hot_ratio = sum(hot) / sum(hot_plain)
+    assert 0.5 < hot_ratio < 20
+    assert got[("a/*.txt", CODEC_BROTLI)] == pytest.approx(
+        (0.102 * 2.5 - 0.002 * hot_ratio) / 100 - 4e-4, rel=0.05
+    )
+
+
+def test_a_brotli_candidate_takes_the_mounts_penalty_and_other_codecs_do_not() -> None:
+    """`_project` charges a brotli candidate the class's brotli penalty from the mount for
+    each chunk (with the shift), on top of its hot decode; zstd:19 keeps the reference's."""
+    from fanfs.compression import CODEC_BROTLI
+    from fanfs.optimizer.measurement import _project, measure
+
+    cls = ClassSample(
+        "a/*.txt", files=100, total_bytes=200_000, chunks=100, units=_units(4, [2000] * 32)
+    )
+    brotli9 = Candidate(parse_codec("brotli:9"))
+    totals = {
+        (cls.name, c): measure(cls.name, c, cls.measure_units, None)
+        for c in (REFERENCE, brotli9, ZSTD19)
+    }
+    plain = {e.candidate: e for e in _project(cls, [REFERENCE, brotli9, ZSTD19], totals,
+                                                REFERENCE, {}, None, 1e-4).estimates}  # fmt: skip
+    paid = {e.candidate: e for e in _project(cls, [REFERENCE, brotli9, ZSTD19], totals,
+                                               REFERENCE, {(cls.name, CODEC_BROTLI): 2e-3},
+                                               None, 1e-4).estimates}  # fmt: skip
+    assert paid[brotli9].decode_s == pytest.approx(paid[brotli9].warm + (2e-3 + 1e-4) * 100)
+    assert paid[brotli9].decode_s > plain[brotli9].decode_s
+    assert paid[ZSTD19].decode_s == plain[ZSTD19].decode_s
+    assert paid[REFERENCE].decode_s == plain[REFERENCE].decode_s
 
 
 def test_the_dictionaries_mount_shifts_only_zstd_with_a_dictionary() -> None:
