@@ -458,10 +458,11 @@ def _within_share(
     `aimed` (the balanced mode's solid blocks, measured before confirming): the pack taken
     as the larger of the latest prediction and the first guess (`PlanCost.aimed_pack_s`).
     The selections before the blocks are measured choose no block, so they predict a pack
-    without them: on the real dataset such a plan predicted 79-88 s, left its blocks no
-    time, and the pack came to 465-470 MB (469.4 MB in run Z34; 446-448 MB where the
-    selections had predicted 99-124 s, the blocks measured and chosen for 7-8 classes);
-    the first guess, every compressible class at the densest zstd level, was 119 s."""
+    without them: on the real dataset such plans predicted 79-88 s, left their blocks no
+    time, and projected 464-467 MB (469.4 and 473.5 MB stored in runs Z34 and Z31; 444-448
+    MB where the selections had predicted 99-124 s, the blocks measured and chosen for 7-8
+    classes); the first guess, every compressible class at the densest zstd level, was
+    119 s."""
     if settings.time_budget_s is not None or cost.predicted_pack_s is None:
         return seconds
     spent = cost.counted_s() + cost.note_other()
