@@ -1135,17 +1135,10 @@ def dictionary_penalties(
     units of 87 KB, stored in chunks of 47 KB) at 1.6x what the pack's epoch read; the
     ratio taken across two mounts (the units without the dictionary read in the sample's,
     before the plan's profiling), 1.3-1.9x for the small files (docs/benchmarks.md)."""
-    spec = REFERENCE.spec
-    out = {}
-    for cls in classes:
-        traced, base = mounted.decode_s.get(cls.name, 0.0), mounted.plain_s.get(cls.name, 0.0)
-        m = refs.get(cls.name)
-        if traced <= 0 or base <= 0 or m is None or not cls.dictionary or not cls.chunks:
-            continue
-        out[(cls.name, spec.codec_id)] = _mounted_penalty(
-            cls, m, shifts.get(cls.name, 0.0), traced / base, spec, dictionary_units(cls)
-        )
-    return out
+    users = [c for c in classes if c.dictionary]
+    return _mounted_penalties(
+        users, refs, shifts, REFERENCE.spec, (mounted.decode_s, mounted.plain_s), dictionary_units
+    )
 
 
 def brotli_penalties(
@@ -1167,16 +1160,35 @@ def brotli_penalties(
     shuffled epoch through the mount read them at 2.8-2.9x the default pack's, where a hot
     loop decodes them at 2.1x. Read among their own zstd:3 copies, half of the mount's
     decodes, they came to 2.2x: what is cold is brotli's decoder among the other classes'."""
-    spec = parse_codec(BROTLI_LEVEL)
+    traced = (mounted.brotli_s, mounted.brotli_base_s)
+    return _mounted_penalties(
+        classes, refs, shifts, parse_codec(BROTLI_LEVEL), traced, brotli_units
+    )
+
+
+def _mounted_penalties(
+    classes: Sequence[ClassSample],
+    refs: dict[str, Measurement],
+    shifts: dict[str, float],
+    spec: CodecSpec,
+    traced: tuple[dict[str, float], dict[str, float]],
+    units_of: Callable[[ClassSample], list[bytes]],
+) -> dict[tuple[str, int], float]:
+    """`_mounted_penalty` by (class, codec id) for each class with chunks, a reference
+    measurement in `refs` and both of `traced` (its units stored with `spec`, and with
+    zstd:3) above 0."""
     out = {}
     for cls in classes:
-        traced = mounted.brotli_s.get(cls.name, 0.0)
-        base = mounted.brotli_base_s.get(cls.name, 0.0)
-        m = refs.get(cls.name)
-        if traced <= 0 or base <= 0 or m is None or not cls.chunks:
+        paid, base, m = (
+            traced[0].get(cls.name, 0.0),
+            traced[1].get(cls.name, 0.0),
+            refs.get(cls.name),
+        )
+        if paid <= 0 or base <= 0 or m is None or not cls.chunks:
             continue
+        shift = shifts.get(cls.name, 0.0)
         out[(cls.name, spec.codec_id)] = _mounted_penalty(
-            cls, m, shifts.get(cls.name, 0.0), traced / base, spec, brotli_units(cls)
+            cls, m, shift, paid / base, spec, units_of(cls)
         )
     return out
 

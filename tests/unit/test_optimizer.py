@@ -3118,6 +3118,20 @@ def test_a_class_sample_shows_its_large_units_in_every_prefix() -> None:
     assert stratified([]) == []
 
 
+def _hot_ratio(units: list[bytes], spec: Any, dictionary: bytes | None = None) -> float:
+    """`units` stored with `spec` (and `dictionary`) over the same stored with zstd:3, hot,
+    as `measurement._mounted_penalty` times them."""
+    from fanfs.compression import compress_object
+    from fanfs.optimizer.measurement import _objects, _timed_decode
+
+    objects = [
+        _objects([compress_object(u, s, d) for u in units], units)
+        for s, d in ((spec, dictionary), (REFERENCE.spec, None))
+    ]
+    _, hot, hot_plain, _ = _timed_decode(objects[0], dictionary, beside=objects[1])
+    return sum(hot) / sum(hot_plain)
+
+
 def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() -> None:
     """The mount of the dictionaries decoded a class's dictionary units (the odd ones: 20 of
     40) in 30 ms with its dictionary and in 20 ms without: the class with the dictionary is to decode in 1.5x
@@ -3126,11 +3140,9 @@ def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() ->
     hot ratio here; the penalty per chunk is the rest, less the shift (which `_project`
     adds back). A class either mount charged nothing, or one without a dictionary, keeps
     its penalty."""
-    from fanfs.compression import CODEC_ZSTD, compress_object, train_dictionary
+    from fanfs.compression import CODEC_ZSTD, train_dictionary
     from fanfs.optimizer.coldmount import MountedSample
     from fanfs.optimizer.measurement import (
-        _objects,
-        _timed_decode,
         dictionary_penalties,
         project_decode,
     )
@@ -3158,13 +3170,7 @@ def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() ->
     assert list(got) == [("a/*.txt", CODEC_ZSTD)]
     # projected: 2 ms hot and (0.6 + 0.4 ms) x 100 chunks cold
     assert project_decode(ref_m, 200_000, 100, 4e-4) == pytest.approx((0.102, 0.002))
-    odd = units[1::2]
-    objects = [
-        _objects([compress_object(u, REFERENCE.spec, d) for u in odd], odd)
-        for d in (dictionary, None)
-    ]
-    _, hot, hot_plain, _ = _timed_decode(objects[0], dictionary, beside=objects[1])
-    hot_ratio = sum(hot) / sum(hot_plain)
+    hot_ratio = _hot_ratio(units[1::2], REFERENCE.spec, dictionary)
     # (timed again here, the hot ratio moves with the host: its share of the penalty is small)
     assert 0.2 < hot_ratio < 5
     assert got[("a/*.txt", CODEC_ZSTD)] == pytest.approx(
@@ -3178,11 +3184,9 @@ def test_brotlis_penalty_follows_the_mounts_ratio_among_the_zstd_units() -> None
     brotli decodes in 2.5x the reference's projection, its hot part the reference's times
     their hot ratio here; the penalty per chunk is the rest, less the shift. A class the
     mount charged nothing keeps the method's."""
-    from fanfs.compression import CODEC_BROTLI, compress_object
+    from fanfs.compression import CODEC_BROTLI
     from fanfs.optimizer.coldmount import BROTLI_LEVEL, MountedSample, brotli_units
     from fanfs.optimizer.measurement import (
-        _objects,
-        _timed_decode,
         brotli_penalties,
         project_decode,
     )
@@ -3201,13 +3205,7 @@ def test_brotlis_penalty_follows_the_mounts_ratio_among_the_zstd_units() -> None
     got = brotli_penalties(mounted, [cls, quiet, few], refs, {"a/*.txt": 4e-4})
     assert list(got) == [("a/*.txt", CODEC_BROTLI)]
     assert project_decode(ref_m, 200_000, 100, 4e-4) == pytest.approx((0.102, 0.002))
-    picked = brotli_units(cls)
-    objects = [
-        _objects([compress_object(u, spec) for u in picked], picked)
-        for spec in (parse_codec(BROTLI_LEVEL), REFERENCE.spec)
-    ]
-    _, hot, hot_plain, _ = _timed_decode(objects[0], None, beside=objects[1])
-    hot_ratio = sum(hot) / sum(hot_plain)
+    hot_ratio = _hot_ratio(brotli_units(cls), parse_codec(BROTLI_LEVEL))
     assert 0.5 < hot_ratio < 20
     assert got[("a/*.txt", CODEC_BROTLI)] == pytest.approx(
         (0.102 * 2.5 - 0.002 * hot_ratio) / 100 - 4e-4, rel=0.05
