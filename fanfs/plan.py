@@ -416,12 +416,14 @@ def _cold_words(cold: dict[str, Any]) -> str:
     if not mounted:
         return "%s (%s)" % (method, cold["note"]) if cold["note"] else method
     dicts = len(cold.get("dictionary_classes", ()))
+    brotli = len(cold.get("brotli_classes", ()))
     return (
-        "the sample read through a mount of it, for %d class%s%s (%.1f s); %s for those of "
+        "the sample read through a mount of it, for %d class%s%s%s (%.1f s); %s for those of "
         "fewer sample units"
         % (
             mounted,
             "" if mounted == 1 else "es",
+            ", brotli's cost for %d" % brotli if brotli else "",
             ", with their dictionaries for %d" % dicts if dicts else "",
             cold["mount_s"],
             method,

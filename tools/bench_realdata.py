@@ -722,11 +722,12 @@ def against_default(
         cold = plan.get("sample", {}).get("cold") if plan else None
         if cold:
             print(
-                "%s: cold costs from a mount of the sample for %d classes, with their "
-                "dictionaries for %d (%.1f s)%s."
+                "%s: cold costs from a mount of the sample for %d classes, brotli's for %d, "
+                "with their dictionaries for %d (%.1f s)%s."
                 % (
                     n,
                     len(cold["mounted_classes"]),
+                    len(cold.get("brotli_classes", ())),
                     len(cold.get("dictionary_classes", ())),
                     cold["mount_s"],
                     "; the method for the rest" + (" (%s)" % cold["note"] if cold["note"] else ""),

@@ -13,9 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fanfs.compression import (
-    CodecSpec,
-)
+from fanfs.compression import CODEC_BROTLI, CodecSpec
 from fanfs.errors import UsageError
 from fanfs.optimizer.candidates import DEFAULT_CODECS, NONE, Candidate, parse_candidates
 from fanfs.optimizer.classes import FileRef
@@ -1053,8 +1051,9 @@ def _small_share(cls: ClassSample, block: int) -> float:
 
 def _cold_record(plan: Plan) -> dict[str, Any]:
     """How the plan measured cold decodes (`PlanSettings.cold_model`): the classes whose cold
-    cost came from the sample's mount, those whose dictionary's came from the mount of
-    their dictionaries, the two mounts' wall seconds, and why they were not used (if so)."""
+    cost came from the sample's mount, those whose brotli's came from it too
+    (`measurement.brotli_penalties`), those whose dictionary's came from the mount of their
+    dictionaries, the two mounts' wall seconds, and why they were not used (if so)."""
     mounted = plan.cost.mounted
     note: str | None
     if plan.settings.cold_model != "mount":
@@ -1066,6 +1065,7 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.settings.cold_model,
         "mounted_classes": sorted(plan.cost.shifts),
+        "brotli_classes": sorted(n for n, codec in plan.cost.penalties if codec == CODEC_BROTLI),
         "dictionary_classes": sorted(plan.cost.dict_shifts),
         "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,

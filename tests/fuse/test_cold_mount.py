@@ -198,13 +198,15 @@ def test_the_plan_says_which_classes_the_mount_measured_and_ignores_a_planted_fa
     table, as_json = plan(), plan("--json")
     assert table.returncode == 0, table.stderr
     [line] = [ln for ln in table.stdout.splitlines() if ln.startswith("cold cost")]
-    assert line.startswith("cold cost   the sample read through a mount of it, for 1 class ("), line
+    assert line.startswith(
+        "cold cost   the sample read through a mount of it, for 1 class, brotli's cost for 1 ("
+    ), line
     assert line.endswith(
         "); timed after evicting the CPU caches for those of fewer sample units"
     ), line
     cold = json.loads(as_json.stdout)["sample"]["cold"]
     assert cold["model"] == "mount"
-    assert cold["mounted_classes"] == ["docs/*.txt"]
+    assert cold["mounted_classes"] == cold["brotli_classes"] == ["docs/*.txt"]
     assert cold["note"] is None and cold["mount_s"] > 0
 
 
@@ -216,6 +218,7 @@ def test_cold_cost_method_mounts_nothing(tmp_path: Path) -> None:
     assert cold == {
         "model": "method",
         "mounted_classes": [],
+        "brotli_classes": [],
         "dictionary_classes": [],
         "mount_s": 0.0,
         "note": "--cold-cost method",
