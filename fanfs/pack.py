@@ -326,10 +326,11 @@ class Packer:
         """A file's class (with --codec auto), codec, dictionary, and whether the class's
         small files go into solid blocks."""
         if self.plan is None:
-            top = rel.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
-            if top in self._dir_codecs:
-                spec, dictionary = self._dir_codecs[top]
-                return top, spec, dictionary, self.solid_block > 0
+            if self._dir_codecs:  # (a plain pack's files skip the split: millions of them)
+                top = rel.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+                if top in self._dir_codecs:
+                    spec, dictionary = self._dir_codecs[top]
+                    return top, spec, dictionary, self.solid_block > 0
             return "", self.opts.codec, None, self.solid_block > 0
         cls = class_of(rel, self.plan.class_names)
         if cls not in self.plan.class_names:

@@ -188,11 +188,11 @@ def _measure(
                 dirs.append(["c%03d" % k, "zstd:3", os.path.join(work, "d%03d" % k)])
                 with open(os.path.join(work, "d%03d" % k), "xb") as f:
                     f.write(cls.dictionary or b"")
-            elif brotli_units(cls):
-                _write(tree, "b%03d" % k, brotli_units(cls), plain, k)
+            elif copied := brotli_units(cls):
+                _write(tree, "b%03d" % k, copied, plain, k)
                 dirs.append(["b%03d" % k, BROTLI_LEVEL, None])
-                odd = range(1, 2 * len(brotli_units(cls)), 2)
-                same.update({b"c%03d/u%06d" % (k, i): k for i in odd})
+                # (the odd units, `brotli_units`' first ones, in the class's own copy)
+                same.update({b"c%03d/u%06d" % (k, 2 * i + 1): k for i in range(len(copied))})
         os.mkdir(mnt)
     except OSError as exc:
         raise _Failed("cannot write the sample (%s)" % (exc.strerror or exc)) from None
@@ -200,7 +200,7 @@ def _measure(
     _python("packing the sample", ["-c", _PACKER, tree, pack, str(chunk_size)],
             stdin=json.dumps(dirs))  # fmt: skip
     owner, plain_owner = _chunk_owners(pack, members), _chunk_owners(pack, plain)
-    same_owner = _chunk_owners(pack, {rel: k for rel, k in same.items() if rel in members})
+    same_owner = _chunk_owners(pack, same)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
         _fanfs(

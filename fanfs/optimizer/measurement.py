@@ -1179,11 +1179,8 @@ def _mounted_penalties(
     zstd:3) above 0."""
     out = {}
     for cls in classes:
-        paid, base, m = (
-            traced[0].get(cls.name, 0.0),
-            traced[1].get(cls.name, 0.0),
-            refs.get(cls.name),
-        )
+        paid, base = (seconds.get(cls.name, 0.0) for seconds in traced)
+        m = refs.get(cls.name)
         if paid <= 0 or base <= 0 or m is None or not cls.chunks:
             continue
         shift = shifts.get(cls.name, 0.0)
