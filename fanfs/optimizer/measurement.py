@@ -1363,9 +1363,31 @@ def _small_sample(units: int) -> float:
 CONTENT_PACED_CV: Final = 0.45
 
 
+# Other decoders than the reference's (lz4, a shuffle undone after zstd) and zstd's
+# searching levels (from SEARCHING_ZSTD_LEVEL: the binary-tree parsers, whose matches reach
+# further back) decode unlike zstd:3 from one unit to the next too, if less: per 128 KiB
+# block of the real dataset, zstd:19 over zstd:3 had a coefficient of variation of
+# 0.17-0.51 over twelve classes (the PAM images 0.29, the shared objects 0.22), zstd:15
+# 0.20-0.29, zstd:1 with a shuffle 0.34-0.42, lz4hc:9 0.14-0.59, where zstd:12 had 0.04-0.19
+# and zstd:3 against itself 0.07-0.08 (the timing's own noise). Without it, zstd:19 was
+# projected for the PAM images on 3 blocks that decoded at 1.04x zstd:3 (taken for 1.0,
+# `_paired_decode`), where all 306 blocks decode at 1.43x and the mount read the class at
+# 1.40-1.66x the default pack's in four plans.
+OTHER_PACE_CV: Final = 0.25
+SEARCHING_ZSTD_LEVEL: Final = 13
+
+
 def _error_floor(cand: Candidate) -> float:
-    """CONTENT_PACED_CV for a candidate of brotli or lzma, else 0."""
-    return CONTENT_PACED_CV if cand.spec.codec_id in (CODEC_BROTLI, CODEC_LZMA) else 0.0
+    """CONTENT_PACED_CV for a candidate of brotli or lzma, OTHER_PACE_CV for one of lz4, with
+    a shuffle or of zstd from SEARCHING_ZSTD_LEVEL, else 0 (zstd's faster levels, NONE)."""
+    spec = cand.spec
+    if spec.codec_id in (CODEC_BROTLI, CODEC_LZMA):
+        return CONTENT_PACED_CV
+    if spec.codec_id == CODEC_NONE or (
+        spec.codec_id == CODEC_ZSTD and not spec.shuffle and spec.level < SEARCHING_ZSTD_LEVEL
+    ):
+        return 0.0
+    return OTHER_PACE_CV
 
 
 def _floored_error(m: Measurement, base: Sequence[float], floor: float) -> float | None:
@@ -1457,8 +1479,8 @@ def _decode_doubt(
     itself without per-unit times). On the real dataset the balanced plan's choices that
     stood on 4 units (brotli:11 for `.mo` and `(other)`, lzma:6 for PPM) carried 9-13% of
     its decode each and read 1.5-2.5x their projection, while confirming, ordered by bytes,
-    spent its seconds on the PNG and Python classes first. (A brotli or lzma candidate's
-    error is at least `_error_floor`'s.)"""
+    spent its seconds on the PNG and Python classes first. (The error is at least
+    `_error_floor`'s.)"""
     m = cost.totals.get((cls.name, cand))
     if m is None or m.raw_bytes <= 0:
         return 0.0
