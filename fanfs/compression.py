@@ -213,13 +213,65 @@ def _zstd_compressor(level: int, dictionary: bytes | None = None) -> zstandard.Z
     return _cached("zc", (level, dictionary), make)  # type: ignore[return-value]
 
 
-def _zstd_decompressor(dictionary: bytes | None = None) -> zstandard.ZstdDecompressor:
-    def make() -> zstandard.ZstdDecompressor:
+class _SharedDictionary:
+    """A zstd dictionary as every thread of a process decodes with it (`_shared_dictionary`):
+    its digested form (zstd's DDict: its entropy tables, and its content by reference) is
+    built on its first decode, 0.04-1.2 ms for 64 KiB to 1 MiB, and kept. Built in each
+    thread's own decoder, a mount paid it again in every worker thread that met the
+    dictionary, and held a copy per thread: 2-4 of them among the first 20 decodes of a
+    class in the plan's sample mount, which took them for the dictionary's cold cost."""
+
+    __slots__ = ("data", "ready")
+
+    def __init__(self, dictionary: bytes) -> None:
+        self.data = zstandard.ZstdCompressionDict(dictionary)
+        self.ready = False  # (its DDict built: decoded with once)
+
+
+_shared: dict[bytes, _SharedDictionary] = {}
+_shared_lock = threading.Lock()
+# Held for a dictionary's first decode: python-zstandard builds the DDict with the GIL
+# released, and two threads building it at once would each build one (one leaked).
+_first_decode_lock = threading.Lock()
+
+
+def _shared_dictionary(dictionary: bytes) -> _SharedDictionary:
+    """This process's `_SharedDictionary` for `dictionary` (at most _CONTEXT_CACHE_MAX kept,
+    the oldest dropped; a thread's decoder keeps its own alive)."""
+    with _shared_lock:
+        shared = _shared.get(dictionary)
+        if shared is None:
+            if len(_shared) >= _CONTEXT_CACHE_MAX:
+                del _shared[next(iter(_shared))]
+            shared = _shared[dictionary] = _SharedDictionary(dictionary)
+        return shared
+
+
+def _zstd_decompressor(
+    dictionary: bytes | None = None,
+) -> tuple[zstandard.ZstdDecompressor, _SharedDictionary | None]:
+    """This thread's zstd decoder for `dictionary`, and the shared dictionary it decodes
+    with (None without one)."""
+
+    def make() -> tuple[zstandard.ZstdDecompressor, _SharedDictionary | None]:
         if dictionary is None:
-            return zstandard.ZstdDecompressor()
-        return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(dictionary))
+            return zstandard.ZstdDecompressor(), None
+        shared = _shared_dictionary(dictionary)
+        return zstandard.ZstdDecompressor(dict_data=shared.data), shared
 
     return _cached("zd", dictionary, make)  # type: ignore[return-value]
+
+
+def _zstd_decode(stored: bytes | memoryview, size: int, dictionary: bytes | None) -> bytes:
+    """`stored`, one zstd frame of `size` bytes, decoded (`_zstd_decompressor`); a
+    dictionary's first decode in this process under `_first_decode_lock`."""
+    dctx, shared = _zstd_decompressor(dictionary)
+    if shared is None or shared.ready:
+        return dctx.decompress(stored, max_output_size=size, allow_extra_data=False)
+    with _first_decode_lock:
+        out = dctx.decompress(stored, max_output_size=size, allow_extra_data=False)
+        shared.ready = True
+    return out
 
 
 def _lzma_dict_size(size: int) -> int:
@@ -340,9 +392,7 @@ def decompress(
                         "zstd: frame declares %s bytes, expected %d"
                         % ("an unknown number of" if declared < 0 else declared, size)
                     )
-                out = _zstd_decompressor(dictionary).decompress(
-                    stored, max_output_size=size, allow_extra_data=False
-                )
+                out = _zstd_decode(stored, size, dictionary)
             elif codec_id == CODEC_LZ4:
                 if dictionary is None:
                     out = lz4.block.decompress(stored, uncompressed_size=size)
