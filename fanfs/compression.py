@@ -218,8 +218,7 @@ class _SharedDictionary:
     its digested form (zstd's DDict: its entropy tables, and its content by reference) is
     built on its first decode, 0.04-1.2 ms for 64 KiB to 1 MiB, and kept. Built in each
     thread's own decoder, a mount paid it again in every worker thread that met the
-    dictionary, and held a copy per thread: 2-4 of them among the first 20 decodes of a
-    class in the plan's sample mount, which took them for the dictionary's cold cost."""
+    dictionary, and held a copy of the dictionary per thread (up to 1 MiB each)."""
 
     __slots__ = ("data", "ready")
 
