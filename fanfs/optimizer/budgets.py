@@ -685,10 +685,7 @@ def _unconfirmed(selection: Selection, classes: list[ClassSample]) -> bool:
 
 # The share of the plan's measuring budget kept for confirming the chosen candidates measured
 # on few units (`measurement.confirm`), and the rounds of confirming and selecting again.
-# At 10%, a balanced plan of the real dataset had 2.7 s for it and 0.4-0.6 s of that for
-# the decode estimates, where 11 more 128 KiB blocks of the PAM images with zstd:19 (3 MB/s)
-# cost 0.5 s: the class stood on 4 blocks that decode at 1.04x zstd:3 where all do at 1.43x.
-CONFIRM_SHARE: Final = 0.15
+CONFIRM_SHARE: Final = 0.10
 CONFIRM_ROUNDS: Final = 5
 # The share of confirming's seconds left that the decode estimates may take (once the choices
 # made on few units are confirmed).
