@@ -37,7 +37,12 @@ from fanfs.compression import (
 from fanfs.format.layout import chunk_crc
 from fanfs.optimizer.candidates import NONE, Candidate
 from fanfs.optimizer.coldmount import BROTLI_LEVEL, MountedSample, brotli_units, dictionary_units
-from fanfs.optimizer.sampling import DICT_MAX_OBJECT_BYTES, FLOOR_SHARE, ClassSample
+from fanfs.optimizer.sampling import (
+    DICT_MAX_OBJECT_BYTES,
+    FLOOR_SHARE,
+    ClassSample,
+    by_reference_ratio,
+)
 
 # Every candidate is compared with this one on the same units (when it is a candidate): the
 # codec `fanfs pack` uses by default, so an auto plan is measured against what it replaces.
@@ -923,6 +928,10 @@ def profile(
                 ref_decode_s += m.decode_s * cls.total_bytes / max(m.raw_bytes, 1)
     if spent_out is not None:  # (before the budget: a share of the pack counts it, `budgets`)
         spent_out.reference_s += ref_spent
+    if ref is not None and measure_fn is measure:
+        for cls in classes:
+            if cls.units and (cls.name, ref) not in known:
+                totals[(cls.name, ref)] = _by_reference_ratio(cls, totals[(cls.name, ref)])
     shifts = spent_out.shifts if spent_out is not None else {}
     if ref is not None and cold_fn is not None and (spent_out is None or spent_out.mounted is None):
         mounted = cold_fn([c for c in classes if c.units])
@@ -1059,6 +1068,29 @@ def profile(
         )
         for cls in classes
     ]
+
+
+def _by_reference_ratio(cls: ClassSample, m: Measurement) -> Measurement:
+    """Reorder `cls`'s measured units so that every prefix spreads over how well the
+    reference (`m`, measured on every one of them) compresses them
+    (`sampling.by_reference_ratio`), and return `m` with its units in the same order. Done
+    once, before any other candidate is measured on them (a dictionary is trained on the
+    even units after it)."""
+    units = cls.measure_units
+    if len(m.unit_stored) != len(units) or len(units) < 2:
+        return m
+    order = by_reference_ratio(units, m.unit_stored)
+    cls.units[: len(units)] = [units[i] for i in order]
+
+    def moved(values: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(values[i] for i in order) if len(values) == len(order) else values
+
+    return dataclasses.replace(
+        m,
+        unit_stored=tuple(m.unit_stored[i] for i in order),
+        unit_decode=moved(m.unit_decode),
+        beside=moved(m.beside),
+    )
 
 
 def _pilot_guess(seen: dict[Candidate, list[float]], cand: Candidate, pilot: list[bytes]) -> float:
