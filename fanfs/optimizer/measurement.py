@@ -1401,10 +1401,12 @@ CONTENT_PACED_CV: Final = 0.45
 # block of the real dataset, zstd:19 over zstd:3 had a coefficient of variation of
 # 0.17-0.51 over twelve classes (the PAM images 0.29, the shared objects 0.22), zstd:15
 # 0.20-0.29, zstd:1 with a shuffle 0.34-0.42, lz4hc:9 0.14-0.59, where zstd:12 had 0.04-0.19
-# and zstd:3 against itself 0.07-0.08 (the timing's own noise). Without it, zstd:19 was
-# projected for the PAM images on 3 blocks that decoded at 1.04x zstd:3 (taken for 1.0,
-# `_paired_decode`), where all 306 blocks decode at 1.43x and the mount read the class at
-# 1.40-1.66x the default pack's in four plans.
+# and zstd:3 against itself 0.07-0.08 (the timing's own noise). A few units' own spread
+# hides it: zstd:19 was projected for the PAM images on 3 blocks that decoded at 1.04x
+# zstd:3 (taken for 1.0, `_paired_decode`), where all 306 blocks decode at 1.43x and the
+# mount read the class at 1.40-1.66x the default pack's in four plans. (Confirming rarely
+# has the seconds to buy the units this asks for in a balanced plan: what moved the PAM
+# images' estimate was the units' order, `sampling.by_reference_ratio`.)
 OTHER_PACE_CV: Final = 0.25
 SEARCHING_ZSTD_LEVEL: Final = 13
 
