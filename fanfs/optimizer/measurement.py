@@ -34,7 +34,7 @@ from fanfs.compression import (
     prepare,
     train_dictionary,
 )
-from fanfs.format.layout import chunk_crc
+from fanfs.format.layout import chunk_crc, crc32
 from fanfs.optimizer.candidates import NONE, Candidate
 from fanfs.optimizer.coldmount import BROTLI_LEVEL, MountedSample, brotli_units, dictionary_units
 from fanfs.optimizer.sampling import (
@@ -121,23 +121,72 @@ COLD_UNITS: Final = 16
 EVICT_BYTES: Final = 4 * 1024 * 1024
 
 
-def _cache_bytes() -> int:
-    """Bytes to write to evict what the serving path between two decodes does: EVICT_BYTES,
-    or this core's L2 (sysfs) if larger."""
+def _sysfs_cache_bytes(level: int) -> int | None:
+    """The size of this core's cache of `level` (sysfs), None if not known."""
     try:
         base = "/sys/devices/system/cpu/cpu0/cache"
         for index in sorted(os.listdir(base)):
             with open("%s/%s/level" % (base, index)) as f:
-                if f.read().strip() != "2":
+                if f.read().strip() != str(level):
                     continue
             with open("%s/%s/size" % (base, index)) as f:
                 text = f.read().strip().upper()
             unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-            size = int(text.rstrip("KM")) * unit
-            return min(max(size, EVICT_BYTES), 16 << 20)
+            return int(text.rstrip("KM")) * unit
     except (OSError, ValueError):
         pass
-    return EVICT_BYTES
+    return None
+
+
+def _cache_bytes() -> int:
+    """Bytes to write to evict what the serving path between two decodes does: EVICT_BYTES,
+    or this core's L2 (sysfs) if larger."""
+    size = _sysfs_cache_bytes(2)
+    return EVICT_BYTES if size is None else min(max(size, EVICT_BYTES), 16 << 20)
+
+
+# A class whose objects are few in an epoch (a class in solid blocks: one decode per block)
+# finds its decoder's state and its dictionary evicted from the last-level cache as well,
+# by the other classes' objects served in between, which the eviction above (4 MiB) leaves
+# there. On the real dataset's balanced pack, solid blocks with a dictionary decoded in a
+# shuffled epoch through the mount 1.45-1.94x their prediction in every run (SVG, 8 runs)
+# and `.mo` and the Ruby docs 1.2-1.5x; their blocks decoded after reading 48 MiB (this
+# host's L3 is 32 MiB) came out 112 and 132 us slower than hot, against 12 and 16 us after
+# writing 4 MiB, and the mount paid about 90 and 140 us more per block. So such objects are
+# also timed after a read of LLC_SWEEP_FACTOR times the last-level cache (`Measurement.deep`,
+# `cold_penalty`), once each, and `llc_share` says how much of that a class pays.
+LLC_DEFAULT_BYTES: Final = 32 << 20
+LLC_SWEEP_FACTOR: Final = 1.5
+# Bytes an epoch moves through the caches per byte it serves: the decoder writes it, the
+# daemon's reply is copied into the kernel and the reader copies it out (each a read and a
+# write), besides the stored bytes read and verified.
+EPOCH_TOUCH: Final = 4.0
+
+
+@functools.cache
+def _llc_bytes() -> int:
+    """The last-level cache's size (sysfs: L3), LLC_DEFAULT_BYTES if not known."""
+    return _sysfs_cache_bytes(3) or LLC_DEFAULT_BYTES
+
+
+def llc_share(epoch_bytes: float, objects: float) -> float:
+    """The share of the last-level cache's eviction that a class of `objects` objects an
+    epoch pays on each, the epoch serving `epoch_bytes` bytes in a random order: the bytes
+    it moves through the caches between two of the class's objects (EPOCH_TOUCH per byte
+    served) over the cache's size, at most 1. The real dataset's SVG class in 211 solid
+    blocks of a 1.6 GB epoch: 0.96; its 5,571 Python files alone: 0.04."""
+    if objects <= 0 or epoch_bytes <= 0:
+        return 0.0
+    return min(1.0, EPOCH_TOUCH * epoch_bytes / objects / _llc_bytes())
+
+
+@functools.cache
+def _llc_sweep() -> bytes:
+    """A buffer of LLC_SWEEP_FACTOR times the last-level cache, its pages real (not the
+    zero page a fresh allocation reads as): reading it evicts what a decode left there.
+    Allocated once per process."""
+    size = int(_llc_bytes() * LLC_SWEEP_FACTOR)
+    return bytes(range(256)) * (size // 256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +203,8 @@ class Measurement:
     same units. `beside` holds REFERENCE's warm decode seconds
     of each of the same units, timed in the same passes, unit by unit beside the candidate's
     (empty when not measured so): a comparison that the machine's speed, which drifts
-    between measurements, cannot move.
+    between measurements, cannot move. `deep` is the cold penalty per unit with the
+    last-level cache evicted too (`cold_penalty`'s `deep`; 0: not measured).
     """
 
     units: int
@@ -167,6 +217,7 @@ class Measurement:
     unit_decode: tuple[float, ...] = ()
     cold: float = 1.0
     beside: tuple[float, ...] = ()
+    deep: float = 0.0
 
     def __add__(self, other: Measurement) -> Measurement:
         both = bool(self.unit_stored) and bool(other.unit_stored)
@@ -184,7 +235,15 @@ class Measurement:
             self.unit_decode + other.unit_decode if timed else (),
             (self.decode_s + other.decode_s) / hot if hot > 0 else 1.0,
             self.beside + other.beside if paired else (),
+            _mean_deep(self, other),
         )
+
+
+def _mean_deep(a: Measurement, b: Measurement) -> float:
+    """`Measurement.deep` of `a` and `b` together: per unit over those measured."""
+    measured = [m for m in (a, b) if m.deep > 0 and m.units > 0]
+    units = sum(m.units for m in measured)
+    return sum(m.deep * m.units for m in measured) / units if units else 0.0
 
 
 MeasureFn = Callable[[str, Candidate, Sequence[bytes], "bytes | None"], Measurement]
@@ -197,6 +256,7 @@ def measure(
     dictionary: bytes | None,
     *,
     cold: bool = True,
+    deep: bool = False,
 ) -> Measurement:
     """Measure `cand` on `units` on this host, one thread (what one serving process decodes).
 
@@ -221,7 +281,7 @@ def measure(
         ref_stored, took = _compressed(units, REFERENCE.spec, None)
         ref_objects = _objects(ref_stored, units)
         overhead_s += took
-    timing = _time_objects(objects, dic, ref_objects, cold=cold)
+    timing = _time_objects(objects, dic, ref_objects, cold=cold, deep=deep)
     return _measurement(units, stored, compress_s, overhead_s, [timing])
 
 
@@ -427,21 +487,31 @@ class _Timing:
     beside: tuple[float, ...]
     penalty: float
     overhead_s: float
+    deep: float = 0.0
 
 
 def _time_objects(
-    objects: Objects, dic: bytes | None, beside: Objects | None, *, cold: bool
+    objects: Objects,
+    dic: bytes | None,
+    beside: Objects | None,
+    *,
+    cold: bool,
+    deep: bool = False,
 ) -> _Timing:
     """`_timed_decode` of `objects`, and with `cold` the `cold_penalty` of up to COLD_UNITS
-    of them spread over the list."""
+    of them spread over the list (with `deep`, also with the last-level cache evicted)."""
     hot_s, per_unit, ref_units, overhead_s = _timed_decode(objects, dic, beside)
-    penalty = 0.0
+    penalty = deep_penalty = 0.0
     if cold and objects and hot_s > 0:
         picks = range(0, len(objects), max(1, len(objects) // COLD_UNITS))[:COLD_UNITS]
+        picked = [objects[i] for i in picks]
+        warm = [per_unit[i] for i in picks]
         start = time.thread_time()
-        penalty = cold_penalty([objects[i] for i in picks], [per_unit[i] for i in picks], dic)
+        penalty = cold_penalty(picked, warm, dic)
+        if deep:
+            deep_penalty = cold_penalty(picked, warm, dic, deep=True)
         overhead_s += time.thread_time() - start
-    return _Timing(hot_s, per_unit, ref_units, penalty, overhead_s)
+    return _Timing(hot_s, per_unit, ref_units, penalty, overhead_s, deep_penalty)
 
 
 def _measurement(
@@ -473,6 +543,7 @@ def _measurement(
         per_unit,
         factor,
         timings[0].beside,
+        statistics.median(t.deep for t in timings),
     )
 
 
@@ -635,11 +706,15 @@ def _eviction_buffers() -> tuple[bytearray, bytes]:
     return bytearray(size), bytes(range(256)) * (size // 256)
 
 
-def cold_penalty(objects: Objects, warm: Sequence[float], dic: bytes | None) -> float:
+def cold_penalty(
+    objects: Objects, warm: Sequence[float], dic: bytes | None, *, deep: bool = False
+) -> float:
     """The mean seconds by which an object of `objects` is verified and decoded (`_serve`)
     slower right after the caches are evicted than `warm` (each object's fastest time in
     `measure`'s passes), at least 0. Timed alone in CPU time (the clock's own cost taken
-    off), the fastest of DECODE_PASSES.
+    off), the fastest of DECODE_PASSES. With `deep`, the last-level cache is evicted too
+    (`_llc_sweep` read before each decode), once per object: the sweep costs milliseconds,
+    and the penalty it shows is tens of microseconds, well above the timer's noise.
 
     A cold/warm ratio taken on 16 objects spread over a sample was applied to the whole
     class before: on the real dataset's PNG class (icons of 0.6-22 KB and wallpapers of
@@ -650,12 +725,15 @@ def cold_penalty(objects: Objects, warm: Sequence[float], dic: bytes | None) -> 
         return 0.0
     _settle()
     dest, source = _eviction_buffers()
+    sweep = _llc_sweep() if deep else b""
     clock = time.thread_time
     overhead = _clock_overhead()
     cold = [math.inf] * len(objects)
-    for _ in range(DECODE_PASSES):
+    for _ in range(1 if deep else DECODE_PASSES):
         for i, obj in enumerate(objects):
             dest[:] = source  # evict: what serving the FUSE requests in between does
+            if deep:
+                crc32(sweep)  # (read: leaves no dirty lines to write back in the decode)
             start = clock()
             _serve(obj, dic)
             cold[i] = min(cold[i], clock() - start - overhead)
@@ -1766,7 +1844,7 @@ def per_object_penalty(m: Measurement) -> float:
 
 
 def project_decode(
-    m: Measurement, total_bytes: float, objects: float, shift: float = 0.0
+    m: Measurement, total_bytes: float, objects: float, shift: float = 0.0, far: float = 0.0
 ) -> tuple[float, float]:
     """`m`'s decode projected onto `total_bytes` stored as `objects` objects (chunks, solid
     blocks), and the same with hot caches: the hot passes per byte, the cold penalty per
@@ -1775,18 +1853,30 @@ def project_decode(
     as the sample's units were large or small, and the real dataset's 46 PyTables files
     (21 KB each, sampled in units of 35 KB) decoded 1.6x their projection. With `objects`
     0 (not known) the units' own count, scaled by bytes, stands in. `shift` moves the
-    penalty per object (`cold_shifts`; at least 0 after it)."""
+    penalty per object (`cold_shifts`; at least 0 after it). Where `m` was also timed with
+    the last-level cache evicted (`Measurement.deep`), `far` of each object's penalty is
+    that one instead (`llc_share`)."""
     if m.raw_bytes <= 0:
         return 0.0, 0.0
     hot = m.decode_s / m.cold * total_bytes / m.raw_bytes
-    return hot + _penalty_s(m, total_bytes, objects, shift), hot
+    return hot + _penalty_s(m, total_bytes, objects, shift, far), hot
 
 
-def _penalty_s(m: Measurement, total_bytes: float, objects: float, shift: float = 0.0) -> float:
+def _penalty_s(
+    m: Measurement, total_bytes: float, objects: float, shift: float = 0.0, far: float = 0.0
+) -> float:
     """`m`'s cold penalty over `objects` objects (`project_decode`; 0: the units' count
-    scaled to `total_bytes`), each shifted by `shift`."""
+    scaled to `total_bytes`), each shifted by `shift`; `far` of it the deep one
+    (`Measurement.deep`), projected per byte: it is mostly the dictionary's content fetched
+    from memory, as far as the object's matches reach into it, and the sample's blocks
+    (its runs, part-filled) are smaller than the pack's (the real dataset's Ruby docs: 48 KB
+    against 119 KB, and 79 us against the 132 us the pack's blocks took)."""
+    per_unit = m.units / max(m.raw_bytes, 1)
+    count = objects or per_unit * total_bytes
     per_object = max(per_object_penalty(m) + shift, 0.0)
-    return per_object * (objects or m.units * total_bytes / max(m.raw_bytes, 1))
+    if m.deep <= 0 or far <= 0:
+        return per_object * count
+    return (1.0 - far) * per_object * count + far * m.deep * per_unit * total_bytes
 
 
 def _project(
