@@ -2205,6 +2205,110 @@ def test_solid_blocks_pay_their_cold_penalty_per_full_block() -> None:
     assert fit.large_chunks == pytest.approx(4 / 64)
 
 
+def test_an_epoch_evicts_the_last_level_cache_for_the_classes_of_few_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a 32 MiB last-level cache and an epoch moving 4 bytes through it per byte served,
+    a class of 211 blocks in a 1.6 GB epoch meets 30 MB of other traffic between two of
+    its blocks (0.9 of the cache evicted), one of 100,000 objects 64 KB (nothing); the
+    share is at most 1, and 0 where nothing is known."""
+    from fanfs.optimizer import measurement
+
+    monkeypatch.setattr(measurement, "_llc_bytes", lambda: 32 << 20)
+    assert measurement.llc_share(1.6e9, 211) == pytest.approx(4 * 1.6e9 / 211 / (32 << 20))
+    assert 0.85 < measurement.llc_share(1.6e9, 211) < 0.95
+    assert measurement.llc_share(1.6e9, 100_000) == pytest.approx(0.0019, abs=1e-4)
+    assert measurement.llc_share(1.6e9, 10) == 1.0
+    assert measurement.llc_share(0.0, 10) == measurement.llc_share(1.6e9, 0) == 0.0
+
+
+def test_the_deep_cold_penalty_is_weighed_by_the_epoch_s_eviction_and_projected_per_byte() -> None:
+    """Four blocks of 10 KB, hot 1 ms in all, 0.1 ms each after evicting the core's cache
+    and 0.5 ms after evicting the last-level cache too: projected onto 100 KB in 5 blocks
+    of 20 KB, a class that finds the last-level cache as it left it pays 0.1 ms a block,
+    one that finds it evicted pays 0.5 ms per 10 KB (the dictionary's content fetched as
+    far as the matches reach: 5 ms, not 2.5), halfway between half of each. Without a
+    deep measurement the share changes nothing; two measurements add their deep penalty
+    per unit, one not timed so leaving the other's."""
+    from fanfs.optimizer.measurement import project_decode
+
+    m = Measurement(4, 40_000, 10_000, 0.0014, 0.0, cold=1.4, deep=5e-4)
+    hot = 0.001 * 100_000 / 40_000
+    assert project_decode(m, 100_000, 5) == pytest.approx((hot + 5 * 1e-4, hot))
+    assert project_decode(m, 100_000, 5, far=1.0) == pytest.approx((hot + 0.005, hot))
+    half = hot + 0.5 * 5 * 1e-4 + 0.5 * 0.005
+    assert project_decode(m, 100_000, 5, far=0.5) == pytest.approx((half, hot))
+    shallow = dataclasses.replace(m, deep=0.0)
+    assert project_decode(shallow, 100_000, 5, far=1.0) == project_decode(shallow, 100_000, 5)
+    other = Measurement(2, 20_000, 5_000, 0.0006, 0.0, cold=1.2, deep=2e-4)
+    assert (m + other).deep == pytest.approx((4 * 5e-4 + 2 * 2e-4) / 6)
+    assert (m + dataclasses.replace(other, deep=0.0)).deep == pytest.approx(5e-4)
+
+
+def test_solid_blocks_with_a_dictionary_are_timed_with_the_last_level_cache_evicted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`_project_solid` measures a dictionary candidate's blocks with `deep` (and a plain
+    candidate's without), and a class of few blocks in a large epoch pays the deep penalty
+    on them: 2 ms per 4000 bytes of the sample's blocks, where the core's eviction showed
+    1 ms a block."""
+    from fanfs.optimizer import budgets
+    from fanfs.optimizer.measurement import Estimate
+
+    asked: list[tuple[str, int, bool]] = []
+
+    def fake(
+        class_name: str,
+        cand: Candidate,
+        units: Sequence[bytes],
+        dictionary: bytes | None,
+        *,
+        cold: bool = True,
+        deep: bool = False,
+    ) -> Measurement:
+        asked.append((str(cand), len(units), deep))
+        raw = sum(len(u) for u in units)
+        hot = raw * 1e-9
+        slow = hot + 0.001 * len(units)
+        stored = sum(len(u) // 2 if len(u) <= 2048 else len(u) // 4 for u in units)
+        return Measurement(
+            len(units), raw, stored, slow, 0.0, cold=slow / hot, deep=0.002 if deep else 0.0
+        )
+
+    monkeypatch.setattr(budgets, "measure", fake)
+    monkeypatch.setattr(budgets, "llc_share", lambda epoch_bytes, objects: 1.0)
+    cls = ClassSample(
+        "src/*.txt", files=250, total_bytes=1_000_000, chunks=250, units=[b"x" * 4000] * 16
+    )
+    cls.runs = [[b"x" * 1000] * 4] * 4
+    with_dict = Candidate(ZSTD19.spec, use_dict=True)
+    est = Estimate(with_dict, 500_000, 0.5, 0.01, 16, 64_000, warm_s=0.1)
+    fit, _ = budgets._project_solid(cls, est, 16384, fake, PlanCost(None), 1e9)
+    assert asked == [("zstd:19+dict", 16, False), ("zstd:19+dict", 4, True)]
+    assert fit is not None
+    assert fit.blocks_s == pytest.approx(1_000_000 * 1e-9 + 0.002 * 1_000_000 / 4000)
+    asked.clear()
+    plain = dataclasses.replace(est, candidate=ZSTD19)
+    fit, _ = budgets._project_solid(cls, plain, 16384, fake, PlanCost(None), 1e9)
+    assert asked == [("zstd:19", 16, False), ("zstd:19", 4, False)]
+    assert fit is not None
+    assert fit.blocks_s == pytest.approx(1_000_000 * 1e-9 + 0.001 * 1_000_000 / 16384)
+
+
+def test_a_deep_cold_penalty_is_measured_only_when_asked() -> None:
+    """On the real clock: a dictionary candidate's units decoded after the last-level cache
+    is evicted take longer than hot (tens of microseconds each: the dictionary's content and
+    the decoder fetched from memory), and without `deep` nothing is recorded."""
+    from fanfs.optimizer import measurement
+
+    units = _units(5, [30_000] * 4)
+    dictionary = measurement.train_dictionary(_units(6, [2000] * 200), 16384)
+    assert dictionary is not None
+    cand = Candidate(ZSTD19.spec, use_dict=True)
+    assert measurement.measure("c", cand, units, dictionary).deep == 0.0
+    assert measurement.measure("c", cand, units, dictionary, deep=True).deep > 0.0
+
+
 def test_a_solid_class_decode_is_projected_in_walk_order_and_file_by_file() -> None:
     """1 MB of 1000-byte files, 16 to a 16 KiB block, decoding at 1 ns a byte: read in walk
     order each block is decoded once (1 ms for the class); read file by file each file
