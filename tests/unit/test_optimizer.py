@@ -2209,17 +2209,17 @@ def test_an_epoch_evicts_the_last_level_cache_for_the_classes_of_few_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With a 32 MiB last-level cache and an epoch moving 4 bytes through it per byte served,
-    a class of 211 blocks in a 1.6 GB epoch meets 30 MB of other traffic between two of
-    its blocks (0.9 of the cache evicted), one of 100,000 objects 64 KB (nothing); the
+    a class of 211 blocks in a 1.09 GB epoch meets 21 MB of other traffic between two of
+    its blocks (0.62 of the cache evicted), one of 100,000 objects 44 KB (nothing); the
     share is at most 1, and 0 where nothing is known."""
     from fanfs.optimizer import measurement
 
     monkeypatch.setattr(measurement, "_llc_bytes", lambda: 32 << 20)
-    assert measurement.llc_share(1.6e9, 211) == pytest.approx(4 * 1.6e9 / 211 / (32 << 20))
-    assert 0.85 < measurement.llc_share(1.6e9, 211) < 0.95
-    assert measurement.llc_share(1.6e9, 100_000) == pytest.approx(0.0019, abs=1e-4)
-    assert measurement.llc_share(1.6e9, 10) == 1.0
-    assert measurement.llc_share(0.0, 10) == measurement.llc_share(1.6e9, 0) == 0.0
+    assert measurement.llc_share(1.09e9, 211) == pytest.approx(4 * 1.09e9 / 211 / (32 << 20))
+    assert 0.6 < measurement.llc_share(1.09e9, 211) < 0.63
+    assert measurement.llc_share(1.09e9, 100_000) == pytest.approx(0.0013, abs=1e-4)
+    assert measurement.llc_share(1.09e9, 10) == 1.0
+    assert measurement.llc_share(0.0, 10) == measurement.llc_share(1.09e9, 0) == 0.0
 
 
 def test_the_deep_cold_penalty_is_weighed_by_the_epoch_s_eviction_and_projected_per_byte() -> None:
