@@ -33,6 +33,7 @@ from fanfs.optimizer.measurement import (
     profile,
     project_decode,
     reference_of,
+    release_eviction_buffers,
 )
 from fanfs.optimizer.sampling import (
     ClassSample,
@@ -213,16 +214,19 @@ def make_plan(
     the pack's `jobs` threads (`compress_threads`): the plan's wall time then falls below
     the one-thread CPU seconds it counts against its share, which leaves it a margin for a
     pack that runs faster than predicted."""
-    with compress_threads(settings.jobs if measure_fn is measure else 1):
-        return _make_plan(
-            files,
-            settings,
-            chunk_size=chunk_size,
-            block_size=block_size,
-            solid_block=solid_block,
-            measure_fn=measure_fn,
-            reader=reader,
-        )
+    try:
+        with compress_threads(settings.jobs if measure_fn is measure else 1):
+            return _make_plan(
+                files,
+                settings,
+                chunk_size=chunk_size,
+                block_size=block_size,
+                solid_block=solid_block,
+                measure_fn=measure_fn,
+                reader=reader,
+            )
+    finally:
+        release_eviction_buffers()
 
 
 def _make_plan(

@@ -157,6 +157,7 @@ def _cache_bytes() -> int:
 # `cold_penalty`), once each, and `llc_share` says how much of that a class pays.
 LLC_DEFAULT_BYTES: Final = 32 << 20
 LLC_SWEEP_FACTOR: Final = 1.5
+LLC_SWEEP_MAX: Final = 192 << 20  # (a host's cache reported larger is swept this far)
 # Bytes an epoch moves through the caches per byte it serves: the decoder writes it, the
 # daemon's reply is copied into the kernel and the reader copies it out (each a read and a
 # write), besides the stored bytes read and verified.
@@ -185,9 +186,16 @@ def llc_share(epoch_bytes: float, objects: float) -> float:
 def _llc_sweep() -> bytes:
     """A buffer of LLC_SWEEP_FACTOR times the last-level cache, its pages real (not the
     zero page a fresh allocation reads as): reading it evicts what a decode left there.
-    Allocated once per process."""
-    size = int(_llc_bytes() * LLC_SWEEP_FACTOR)
+    Allocated once per plan (`release_eviction_buffers`)."""
+    size = min(int(_llc_bytes() * LLC_SWEEP_FACTOR), LLC_SWEEP_MAX)
     return bytes(range(256)) * (size // 256)
+
+
+def release_eviction_buffers() -> None:
+    """Free the eviction buffers (`_eviction_buffers`, `_llc_sweep`: 8 MiB and 48 MiB here)
+    once a plan is made: the pack that follows in the same process has no use for them."""
+    _eviction_buffers.cache_clear()
+    _llc_sweep.cache_clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -702,7 +710,7 @@ def _clock_overhead() -> float:
 @functools.cache
 def _eviction_buffers() -> tuple[bytearray, bytes]:
     """A destination and a source as large as the CPU caches: copying one into the other
-    evicts whatever a decode left there. Allocated once per process."""
+    evicts whatever a decode left there. Allocated once per plan (`release_eviction_buffers`)."""
     size = _cache_bytes()
     return bytearray(size), bytes(range(256)) * (size // 256)
 

@@ -972,6 +972,18 @@ def test_plan_is_deterministic_with_a_seed_and_injected_measurements(tree: Path)
     assert [c["class"] for c in first["classes"]] == ["./*.txt", "img/*.jpg", "ann/*.json"]  # type: ignore[index]
 
 
+def test_a_plan_frees_its_eviction_buffers(tree: Path) -> None:
+    """The cache-eviction buffers (48 MiB here for the last-level cache) are kept for a
+    plan's measurements only: once it is made, the pack that follows does not hold them."""
+    from fanfs.optimizer import measurement
+
+    measurement._llc_sweep()
+    measurement._eviction_buffers()
+    _plan(tree, seed=1)
+    assert measurement._llc_sweep.cache_info().currsize == 0
+    assert measurement._eviction_buffers.cache_info().currsize == 0
+
+
 def test_plan_stores_incompressible_class_raw(tree: Path) -> None:
     record = _plan(tree, seed=1, mode="sync", max_overhead=100.0)
     rows = {row["class"]: row for row in record["classes"]}  # type: ignore[attr-defined]
