@@ -149,12 +149,13 @@ def _cache_bytes() -> int:
 # finds its decoder's state and its dictionary evicted from the last-level cache as well,
 # by the other classes' objects served in between, which the eviction above (4 MiB) leaves
 # there. On the real dataset's balanced pack, solid blocks with a dictionary decoded in a
-# shuffled epoch through the mount 1.45-1.94x their prediction in every run (SVG, 8 runs)
-# and `.mo` and the Ruby docs 1.2-1.5x; their blocks decoded after reading 48 MiB (this
-# host's L3 is 32 MiB) came out 112 and 132 us slower than hot, against 12 and 16 us after
-# writing 4 MiB, and the mount paid about 90 and 140 us more per block. So such objects are
-# also timed after a read of LLC_SWEEP_FACTOR times the last-level cache (`Measurement.deep`,
-# `cold_penalty`), once each, and `llc_share` says how much of that a class pays.
+# shuffled epoch through the mount 1.45-1.94x their prediction in every run (SVG, 8 runs),
+# `.mo` 1.19-1.48x and the Ruby docs up to 1.86x; their blocks decoded after reading 48 MiB
+# (this host's L3 is 32 MiB) came out 112 and 132 us slower than hot, against 12 and 16 us
+# after writing 4 MiB, and the mount paid 90-125 and 140-175 us more per block. So such
+# objects are also timed after a read of LLC_SWEEP_FACTOR times the last-level cache
+# (`Measurement.deep`, `cold_penalty`), once each, and `llc_share` says how much of that a
+# class pays.
 LLC_DEFAULT_BYTES: Final = 32 << 20
 LLC_SWEEP_FACTOR: Final = 1.5
 LLC_SWEEP_MAX: Final = 192 << 20  # (a host's cache reported larger is swept this far)
