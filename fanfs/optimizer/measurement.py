@@ -1549,9 +1549,9 @@ def confirm(
     """Measure each class's chosen candidate (`chosen`, in the order of `classes`; the
     reference of `candidates` needs no confirming: it saw every unit) within `seconds`:
     on CONFIRM_UNITS units, the largest classes first, then (`for_decode`) on those
-    `confirm_units` asks for with the seconds left, the classes whose projected decode's
-    doubt falls most per second measured first (`_doubt_per_second`; as many units as fit
-    by the candidate's cost so far; a class whose next units would not fit is left). The
+    `confirm_units` asks for with the seconds left, the classes whose projected decode is
+    least certain in seconds first (`_decode_doubt`; as many units as fit by the
+    candidate's cost so far; a class whose next units would not fit is left). The
     measurements join `cost.totals` and count in `cost.measure_s`; returns the seconds
     spent (0: nothing to confirm, or no room)."""
     ref = reference_of(candidates)
@@ -1561,11 +1561,11 @@ def confirm(
     # the decode estimate needs them, with the seconds left.
     for more_for_decode in (False, True) if for_decode else (False,):
         if more_for_decode:
-            rank = [
-                _doubt_per_second(cls, cand, cost, ref)
+            doubt = [
+                _decode_doubt(cls, cand, cost, ref)
                 for cls, cand in zip(classes, chosen, strict=True)
             ]
-            order = sorted(range(len(classes)), key=lambda k: -rank[k])
+            order = sorted(range(len(classes)), key=lambda k: -doubt[k])
         else:
             order = sorted(range(len(classes)), key=lambda k: -classes[k].total_bytes)
         for i in order:
@@ -1573,7 +1573,13 @@ def confirm(
             m = cost.totals.get((cls.name, cand))
             if cand in (NONE, ref) or m is None:
                 continue
-            units, least, want, rate = _wanted(cls, cand, m, ref, cost, more_for_decode)
+            units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
+            least = min(CONFIRM_UNITS, len(units))
+            want = least
+            if more_for_decode:
+                base = _decode_base(cls, cand, m, ref, cost)
+                want = confirm_units(m, base, len(units), _error_floor(cand))
+            rate = measurement_cost(m) / max(m.raw_bytes, 1)
             while want >= least and rate * _bytes(units[m.units : want]) > seconds - spent:
                 want -= 1
             if m.units >= want or want < least:
@@ -1584,54 +1590,6 @@ def confirm(
             log.debug("%s: %s confirmed on %d units", cls.name, cand, want)
     cost.measure_s += spent
     return spent
-
-
-def _wanted(
-    cls: ClassSample,
-    cand: Candidate,
-    m: Measurement,
-    ref: Candidate | None,
-    cost: PlanCost,
-    for_decode: bool,
-) -> tuple[list[bytes], int, int, float]:
-    """What `confirm` measures `cand` on for `cls` (`m`: its measurement so far): the units
-    it is measured on, the fewest worth measuring (CONFIRM_UNITS), how many it wants
-    (CONFIRM_UNITS; `for_decode`, as many as `confirm_units` asks), and its measuring cost
-    per byte so far."""
-    units = cls.measure_units[1::2] if cand.use_dict else cls.measure_units
-    least = min(CONFIRM_UNITS, len(units))
-    want = least
-    if for_decode:
-        base = _decode_base(cls, cand, m, ref, cost)
-        want = confirm_units(m, base, len(units), _error_floor(cand))
-    return units, least, want, measurement_cost(m) / max(m.raw_bytes, 1)
-
-
-# The seconds below which a confirmation is taken to cost this much when ranking them by
-# doubt per second (`_doubt_per_second`): a few units of a fast codec cost next to nothing,
-# and are measured first anyway.
-CONFIRM_MIN_S: Final = 0.01
-
-
-def _doubt_per_second(
-    cls: ClassSample, cand: Candidate, cost: PlanCost, ref: Candidate | None
-) -> float:
-    """`confirm`'s order for the decode estimates: the class's doubt (`_decode_doubt`) over
-    the seconds its wanted units would take (at least CONFIRM_MIN_S; 0 when it wants none).
-    Ordered by the doubt alone, a plan of the real dataset gave its 1.64 s to `(other)`'s
-    brotli:11 (0.59 s) and 10 more units of `.so` with zstd:19 (1 s of the 1.48 s its 28
-    wanted cost), and left the PAM images with zstd:15 on 5 units of the 15 they wanted
-    (0.25 s) and FITS with zstd:19 and the shuffle on 14 of 30 (0.35 s); measured on every
-    object of their class, those two decoded 1.34x and 1.10x zstd:3 hot, where their plans
-    said 1.00x and 0.87x (docs/benchmarks.md, "2026-11-30")."""
-    m = cost.totals.get((cls.name, cand))
-    if cand in (NONE, ref) or m is None:
-        return 0.0
-    units, _, want, rate = _wanted(cls, cand, m, ref, cost, True)
-    if want <= m.units:
-        return 0.0
-    need = rate * _bytes(units[m.units : want])
-    return _decode_doubt(cls, cand, cost, ref) / max(need, CONFIRM_MIN_S)
 
 
 def _decode_doubt(
