@@ -24,7 +24,7 @@ from fanfs.optimizer import (
     parse_candidates,
     plan_record,
 )
-from fanfs.optimizer.budgets import plan_aim_s, plan_ceiling_s
+from fanfs.optimizer.budgets import plan_ceiling_s
 
 if TYPE_CHECKING:
     from fanfs.walk import TreeSample
@@ -381,11 +381,10 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             )
         )
     if smp.get("predicted_pack_s") is not None:
-        margin = s.get("pack_margin") or 1.0  # (none recorded before it was kept)
         out.append(
             "plan cost   %.1f s reading the sample, %.1f s the zstd:3 pass%s, %.1f s of "
             "measurement (CPU) within a budget of %.1f s%s%s%s; the pack is predicted to "
-            "take %.1f s on %d jobs%s: the budget aims at %g%% of it (%.1f s) for all%s"
+            "take %.1f s on %d jobs: the budget aims at %g%% of it (%.1f s) for all%s"
             % (
                 smp.get("sample_read_s", 0.0),
                 smp["reference_s"],
@@ -402,10 +401,9 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 ),
                 smp["predicted_pack_s"],
                 s["jobs"],
-                _margin_words(margin, smp["predicted_pack_s"]),
                 100 * s["plan_share"],
-                plan_aim_s(s["plan_share"], smp["predicted_pack_s"], margin),
-                _share_ceiling(s["plan_share"], smp["predicted_pack_s"], margin),
+                s["plan_share"] * smp["predicted_pack_s"],
+                _share_ceiling(s["plan_share"], smp["predicted_pack_s"]),
             )
         )
     return out
@@ -433,21 +431,13 @@ def _cold_words(cold: dict[str, Any]) -> str:
     )
 
 
-def _share_ceiling(share: float, predicted_pack_s: float, margin: float) -> str:
+def _share_ceiling(share: float, predicted_pack_s: float) -> str:
     """The plan table's words for where measuring stops (`budgets._within_share`)."""
-    ceiling = plan_ceiling_s(share, predicted_pack_s, margin)
+    ceiling = plan_ceiling_s(share, predicted_pack_s)
     if math.isinf(ceiling):
         return ""
     words = ", and measuring after its rounds stops at %g%% of the pack time with the plan"
     return words % (100 * share) + " (%.1f s, as last predicted)" % ceiling
-
-
-def _margin_words(margin: float, predicted_pack_s: float) -> str:
-    """The plan table's words for `PlanSettings.pack_margin`."""
-    if margin == 1.0:
-        return ""
-    counted = margin * predicted_pack_s
-    return ", counted at %g%% of that (%.1f s)" % (round(100 * margin, 1), counted)
 
 
 def realised_table(record: dict[str, Any]) -> str:

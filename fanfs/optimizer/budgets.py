@@ -54,12 +54,6 @@ log = logging.getLogger(__name__)
 # with the fewest bytes in small files, up to this many in all (`PlanSettings.resident_bytes`),
 # and for any beyond it the worst case, each member decoding its block.
 SOLID_RESIDENT_BYTES: Final = 4 << 30
-# The plan takes its share of the predicted pack less this margin: of 29 plans of the real
-# dataset, the 6 that took over 25% of the pack time were those whose pack ran at 0.83-0.89x
-# its prediction (the sum of reading and compressing; Z45 also spent 8% over its ceiling
-# when its last selections predicted a faster pack than the rounds had, 123.5 s against
-# about 140 s). Compressing alone ran at 0.86-0.96x in those plans (`pack_seconds`).
-PACK_MARGIN: Final = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +73,6 @@ class PlanSettings:
     # CPU seconds of measurement; None: plan_share of the predicted pack time (`time_budget`)
     time_budget_s: float | None = None
     plan_share: float = 0.25
-    pack_margin: float = PACK_MARGIN  # the share is of the predicted pack times this
     jobs: int = 1  # the pack's compression threads (its predicted time divides by them)
     nodes: int = 1  # balanced: nodes that read the dataset each epoch (`node_decodes`)
     # balanced: bytes of small files in solid blocks the page cache is taken to hold
@@ -444,16 +437,7 @@ def _measuring_budget(
     fast moment they left a first budget of 14 s, no class was measured in solid blocks,
     and the balanced pack came to 473.5 MB against 444-446 MB (run Z31)."""
     floor = cost.sample_s + cost.reference_s + cost.note_other()
-    aim = plan_aim_s(settings.plan_share, predicted_pack_s, settings.pack_margin)
-    return max(aim - floor, 0.0) * codecs_share
-
-
-def plan_aim_s(plan_share: float, predicted_pack_s: float, margin: float) -> float:
-    """What the measuring budget's rounds aim at, the plan's spending before them included:
-    `plan_share` of the pack predicted to take `predicted_pack_s` (without the plan) times
-    `margin` (PACK_MARGIN). The rest of the share (`plan_ceiling_s`) is left for the
-    measuring after the rounds, whose seconds are cut to it (`_within_share`)."""
-    return plan_share * predicted_pack_s * margin
+    return max(settings.plan_share * predicted_pack_s - floor, 0.0) * codecs_share
 
 
 def _within_share(
@@ -488,17 +472,16 @@ def _within_share(
     predicted = cost.predicted_pack_s
     if aimed:
         predicted = max(predicted, cost.aimed_pack_s or 0.0)
-    left = plan_ceiling_s(settings.plan_share, predicted, settings.pack_margin) - spent
+    left = plan_ceiling_s(settings.plan_share, predicted) - spent
     return max(min(seconds, left - keep), 0.0)
 
 
-def plan_ceiling_s(plan_share: float, predicted_pack_s: float, margin: float) -> float:
+def plan_ceiling_s(plan_share: float, predicted_pack_s: float) -> float:
     """The most a plan may take to stay within `plan_share` of the pack time, itself
-    included, when the pack (without the plan) is predicted to take `predicted_pack_s`
-    times `margin` (PACK_MARGIN)."""
+    included, when the pack (without the plan) is predicted to take `predicted_pack_s`."""
     if plan_share >= 1.0:
         return math.inf
-    return plan_share / (1.0 - plan_share) * predicted_pack_s * margin
+    return plan_share / (1.0 - plan_share) * predicted_pack_s
 
 
 Selected = tuple[list[ClassProfile], Selection, float | None]
@@ -569,10 +552,10 @@ def pack_seconds(read_s: float, compress_s: float, jobs: int) -> float:
     and compresses for `compress_s` of one thread's CPU on `jobs` threads: the slower of
     the two, as the pack reads many files in flight while it compresses
     (`pack.Packer._compress_all`). Summed, the real dataset's packs ran at 0.77-1.11x the
-    prediction (median 0.92, 29 plans); at 0.78-1.13x the compressing alone (median 0.95).
-    The sum counted the sample's reads of a tree not in the page cache again for a pack of
-    the same tree read warm: run Z45's plan read its sample in 2.9 s, predicted 14.4 s of
-    reading for a pack of 104 s, and took 29.8% of the pack time (docs/benchmarks.md)."""
+    prediction (median 0.92, 29 plans), at 0.78-1.13x the compressing alone (median 0.95):
+    the sum counted the sample's reads from a tree not in the page cache again for a pack
+    that read while it compressed. Run Z45's plan read its sample in 2.9 s, predicted 14.4 s
+    of reading for a pack of 104 s, and took 29.8% of the pack time (docs/benchmarks.md)."""
     return max(read_s, compress_s / max(jobs, 1))
 
 
@@ -1215,7 +1198,6 @@ def plan_record(plan: Plan) -> dict[str, Any]:
             if plan.cost.budget_s is not None
             else None,
             "plan_share": s.plan_share if s.time_budget_s is None else None,
-            "pack_margin": s.pack_margin if s.time_budget_s is None else None,
             "jobs": s.jobs,
             "nodes": s.nodes,
             "seed": s.seed,

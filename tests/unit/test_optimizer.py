@@ -1380,8 +1380,7 @@ def _slow_measure(
 
 def _slow_pack_settings() -> PlanSettings:
     """A prefetch-mode plan whose measuring budget is plan_share of the pack it predicts
-    (with `_slow_measure`, far slower than the first guess), the pack counted as predicted
-    (no `pack_margin`)."""
+    (with `_slow_measure`, far slower than the first guess)."""
     return PlanSettings(
         read_model=ReadModel(1e-4, 1e9, "given"),
         seed=1,
@@ -1389,7 +1388,6 @@ def _slow_pack_settings() -> PlanSettings:
         time_budget_s=None,
         mode="prefetch",
         target_files_per_s=10.0,
-        pack_margin=1.0,
     )
 
 
@@ -1421,37 +1419,6 @@ def test_the_measuring_budget_grows_in_rounds_toward_its_share_of_the_chosen_pac
     assert one.cost.rounds == 1
 
 
-def test_the_plan_takes_its_share_of_the_predicted_pack_less_its_margin(tree: Path) -> None:
-    # The same plan with the pack counted at 90% of its prediction (the default) and at
-    # 100%: each budget, with what the plan spent before measuring, is its share of the
-    # first guess at the pack times the margin (one round each), and the plan table says so.
-    from fanfs.optimizer.budgets import PACK_MARGIN
-    from fanfs.plan import summary_lines
-
-    assert PlanSettings().pack_margin == PACK_MARGIN == 0.9
-    settings = PlanSettings(
-        read_model=ReadModel(1e-4, 1e9, "given"), seed=1, sample_bytes=1 << 20, time_budget_s=None
-    )
-    aims = []
-    for margin in (1.0, PACK_MARGIN):
-        plan = _make_plan(tree, dataclasses.replace(settings, pack_margin=margin))
-        cost = plan.cost
-        assert cost.rounds == 1 and cost.budget_s and cost.aimed_pack_s
-        aims.append(cost.budget_s + cost.sample_s + cost.reference_s)
-        assert aims[-1] == pytest.approx(0.25 * margin * cost.aimed_pack_s)
-    assert aims[1] == pytest.approx(PACK_MARGIN * aims[0])
-    record = plan_record(plan)
-    assert record["settings"]["pack_margin"] == PACK_MARGIN
-    predicted = record["sample"]["predicted_pack_s"]
-    (line,) = [line for line in summary_lines(record) if line.startswith("plan cost")]
-    assert line.endswith(
-        "the pack is predicted to take %.1f s on 1 jobs, counted at 90%% of that (%.1f s): "
-        "the budget aims at 25%% of it (%.1f s) for all, and measuring after its rounds stops "
-        "at 25%% of the pack time with the plan (%.1f s, as last predicted)"
-        % (predicted, 0.9 * predicted, 0.9 * predicted / 4, 0.9 * predicted / 3)
-    )
-
-
 def test_a_pack_is_predicted_to_read_while_it_compresses(tree: Path) -> None:
     # The pack reads many files in flight while it compresses: on a source slow to read
     # (20 ms a file), the pack predicted is the reading alone, not reading plus compressing.
@@ -1478,11 +1445,7 @@ def test_the_plan_share_counts_the_samples_reading_and_the_reference_pass(tree: 
         return data, seconds + 1e-3
 
     settings = PlanSettings(
-        read_model=ReadModel(1e-4, 1e9, "given"),
-        seed=1,
-        sample_bytes=1 << 20,
-        time_budget_s=None,
-        pack_margin=1.0,
+        read_model=ReadModel(1e-4, 1e9, "given"), seed=1, sample_bytes=1 << 20, time_budget_s=None
     )
     costs = []
     for reader in (_nominal_read, slow_read):
@@ -1533,7 +1496,7 @@ def test_the_measuring_budget_grows_toward_the_fastest_pack_predicted_so_far(
     monkeypatch.setattr(budgets, "confirm", confirm)
     cost = PlanCost(None)
     cost.budget_s = 10.0
-    settings = PlanSettings(time_budget_s=None, jobs=1, plan_share=0.25, pack_margin=1.0)
+    settings = PlanSettings(time_budget_s=None, jobs=1, plan_share=0.25)
     _, last, _ = budgets._budget_rounds(
         [],
         settings,
@@ -1860,7 +1823,6 @@ def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: P
     # a dense zstd level: the pack it predicts, and so its share for measuring, counts that
     # level's nominal compress cost there (zstd:19: 0.275 us a byte); a tight sync budget
     # predicts the zstd:3 pack.
-    from fanfs.optimizer.budgets import PACK_MARGIN
     from fanfs.optimizer.measurement import NOMINAL_S_PER_BYTE, cost_rank
 
     common: dict[str, Any] = {"seed": 1, "time_budget_s": None, "jobs": 1}
@@ -1873,9 +1835,8 @@ def test_a_plan_that_may_choose_dense_codecs_predicts_its_pack_with_them(tree: P
     # The first round's budget: what the rounds start from (this fake compresses faster than
     # the guess, so no round follows), less the sample's reads and the reference pass.
     floor = balanced["sample"]["sample_read_s"] + balanced["sample"]["reference_s"]
-    aim = 0.25 * PACK_MARGIN * dense
-    assert balanced["settings"]["time_budget_s"] >= aim - floor
-    assert tight["settings"]["time_budget_s"] < aim / 10
+    assert balanced["settings"]["time_budget_s"] >= 0.25 * dense - floor
+    assert tight["settings"]["time_budget_s"] < 0.25 * dense / 10
 
 
 @pytest.mark.parametrize(
