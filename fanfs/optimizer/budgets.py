@@ -735,9 +735,24 @@ class SolidFit:
     # The blocks' measurement, projected onto `small_bytes` for `blocks_s` (None: not kept)
     grouped: Measurement | None = None
     small_bytes: float = 0.0
-    # The blocks' compress time per byte over the files' alone (what the pack spends on the
-    # small files: `SolidOptions.options`)
+    # The blocks' compress time per byte over the files' alone (`compress_s` without
+    # `grouped`)
     compress_scale: float = 1.0
+
+    def compress_s(self, est: Estimate) -> float:
+        """The class's compress CPU with its small files in blocks, what the pack spends:
+        the larger files' share of `est`'s, and the small files' bytes at the blocks' own
+        rate (`grouped`; without it, `est`'s scaled by `compress_scale`). Scaled, the
+        blocks took on the few units a class estimate can stand on: the real dataset's SVG
+        files with zstd:19 and a 1 MiB dictionary, estimated on 5-6 units at 0.6-1.0 MB/s
+        (an object above 8 KiB costs about 20 ms with that dictionary whatever its size),
+        were predicted at 29-33 s of CPU in blocks, where the pack's blocks took 8.7 s at
+        3.4 MB/s and the plan's own 8 blocks measured 3.3 MB/s (docs/benchmarks.md)."""
+        blocks = self.grouped
+        if blocks is None or blocks.compress_s <= 0 or blocks.raw_bytes <= 0:
+            return est.compress_s * (1 - self.small_share + self.small_share * self.compress_scale)
+        per_byte = blocks.compress_s / blocks.raw_bytes
+        return est.compress_s * (1 - self.small_share) + self.small_bytes * per_byte
 
     def rest_s(self, est: Estimate) -> float:
         """The decode of the class's larger files with `est`'s candidate: its estimate's hot
@@ -1003,8 +1018,7 @@ class SolidOptions:
                         est,
                         stored_bytes=max(int(est.stored_bytes - fit.saved), 0),
                         decode_s=fit.rest_s(est) + fit.blocks_s * decodes,
-                        compress_s=est.compress_s
-                        * (1 - fit.small_share + fit.small_share * fit.compress_scale),
+                        compress_s=fit.compress_s(est),
                         solid=True,
                         warm_s=fit.warm_s(est, decodes),
                     )

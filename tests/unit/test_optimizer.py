@@ -2443,14 +2443,20 @@ def test_a_balanced_plan_puts_tiny_files_in_solid_blocks_decoded_once_per_node()
     assert solid["src/*.txt"].random == pytest.approx(0.080)  # each file decoding its block
 
 
-def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do() -> None:
-    """Compressing costs 100 us a call besides 1 ns a byte: the 64 sampled files alone take
-    6.464 ms, the same bytes in 4 blocks 0.464 ms. The pack compresses the class's small
-    files (all of them) in blocks, so its solid option's compress time, from which the
-    pack's time is predicted, is the files' 1 s times 464 / 6464."""
+@pytest.mark.parametrize("large", [False, True])
+def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do(large: bool) -> None:
+    """Compressing costs 100 us a call besides 1 ns a byte: the four runs' 64 files in 4
+    blocks of 16,000 bytes take 0.464 ms, 7.25 ns a byte. The class's estimate says 1 s for
+    its 1 MB (a few costly units). The pack compresses the class's small files in blocks:
+    its solid option's compress time, from which the pack's time is predicted, is the small
+    files' bytes at the blocks' rate, 7.25 ms, and the larger files' share of the estimate
+    (`large`: half the sampled bytes in files of 8,000 bytes, past a quarter of a block).
+    Scaled by the blocks' rate over the files' alone, it was 1 s x 464 / 6464."""
     from fanfs.optimizer.budgets import SolidOptions, _measure_balanced_solid
 
     cls, prof = _tiny_files()
+    if large:
+        cls.units = [b"x" * 1000] * 32 + [b"y" * 8000] * 4
     per_object = _per_object_measure(64e-6)
 
     def fn(
@@ -2464,7 +2470,10 @@ def test_a_solid_option_is_predicted_to_compress_as_its_blocks_do() -> None:
     _measure_balanced_solid([cls], [prof], first, 16384, 1 << 30, fn, PlanCost(None), solid)
     [options] = solid.options([prof])
     by_solid = {(str(e.candidate), e.solid): e.compress_s for e in options.estimates}
-    assert by_solid[("zstd:19", True)] == pytest.approx(464 / 6464)
+    small = 0.5 if large else 1.0
+    blocks_rate = (4 * 100e-6 + 64_000e-9) / 64_000
+    expected = 1.0 * (1 - small) + 1_000_000 * small * blocks_rate
+    assert by_solid[("zstd:19", True)] == pytest.approx(expected)
     assert by_solid[("zstd:19", False)] == 1.0
 
 
