@@ -735,22 +735,24 @@ class SolidFit:
     # The blocks' measurement, projected onto `small_bytes` for `blocks_s` (None: not kept)
     grouped: Measurement | None = None
     small_bytes: float = 0.0
-    # The blocks' compress time per byte over the files' alone (`compress_s` without
-    # `grouped`)
-    compress_scale: float = 1.0
 
     def compress_s(self, est: Estimate) -> float:
         """The class's compress CPU with its small files in blocks, what the pack spends:
         the larger files' share of `est`'s, and the small files' bytes at the blocks' own
-        rate (`grouped`; without it, `est`'s scaled by `compress_scale`). Scaled, the
-        blocks took on the few units a class estimate can stand on: the real dataset's SVG
+        rate (`grouped`; `est`'s where the blocks' is not known). The blocks' rate is what
+        the pack pays for them: the real dataset's Python sources in blocks with zstd:19
+        and a dictionary took 0.72x the CPU of their files one by one, its PNG icons with
+        lz4hc:9 5.4x (the probe that skips an incompressible file alone does not skip a
+        block of them), the Ruby docs and ONNX files 1.4-1.6x. Taken as `est`'s times the
+        blocks' rate over the same files' alone, the blocks took on the few units a class
+        estimate can stand on: the real dataset's SVG
         files with zstd:19 and a 1 MiB dictionary, estimated on 5-6 units at 0.6-1.0 MB/s
         (an object above 8 KiB costs about 20 ms with that dictionary whatever its size),
         were predicted at 29-33 s of CPU in blocks, where the pack's blocks took 8.7 s at
         3.4 MB/s and the plan's own 8 blocks measured 3.3 MB/s (docs/benchmarks.md)."""
         blocks = self.grouped
         if blocks is None or blocks.compress_s <= 0 or blocks.raw_bytes <= 0:
-            return est.compress_s * (1 - self.small_share + self.small_share * self.compress_scale)
+            return est.compress_s
         per_byte = blocks.compress_s / blocks.raw_bytes
         return est.compress_s * (1 - self.small_share) + self.small_bytes * per_byte
 
@@ -817,7 +819,6 @@ def _project_solid(
         sum(1 for u in sampled if len(u) > block // 4) / max(len(sampled), 1),
         grouped,
         small_bytes,
-        _compress_scale(alone, grouped),
     )
     return fit, took
 
@@ -835,18 +836,6 @@ def _measure_blocks(
     if cand.use_dict and measure_fn is measure:
         return measure(cls.name, cand, blocks, cls.dictionary, deep=True)
     return measure_fn(cls.name, cand, blocks, cls.dictionary)
-
-
-def _compress_scale(alone: Measurement, grouped: Measurement) -> float:
-    """The compress seconds per byte of `grouped` (the runs in solid blocks) over `alone`'s
-    (the same files one by one); 1 when either is not known. The pack compresses a solid
-    class's small files in blocks: predicted by the files alone, the real dataset's Python
-    sources in blocks with zstd:19 and a dictionary took 0.72x the predicted CPU time, its
-    PNG icons with lz4hc:9 5.4x (the probe that skips an incompressible file alone does not
-    skip a block of them), the Ruby docs and ONNX files 1.4-1.6x."""
-    per_alone = alone.compress_s / max(alone.raw_bytes, 1)
-    per_grouped = grouped.compress_s / max(grouped.raw_bytes, 1)
-    return per_grouped / per_alone if per_alone > 0 and per_grouped > 0 else 1.0
 
 
 def _grouped(runs: Sequence[Sequence[bytes]], block: int) -> tuple[list[bytes], list[bytes]]:
