@@ -646,9 +646,42 @@ def epoch_per_class(
             "Against the default pack: within 25%% of the predicted ratio in %d of %d classes, "
             "at most 25%% over it in %d." % (counts["d_hits"], counts["d_total"], counts["d_under"])
         )
+    if "default" in got:
+        print(unchanged_classes(plan, got, name))
     for n, rs in runs.items():
         if len(rs) > 1:
             print(repeatability(n, rs, got[n]))
+
+
+def unchanged_classes(plan: dict[str, Any], got: dict[str, dict[str, float]], name: str) -> str:
+    """The classes the plan left with the default pack's codec (zstd:3, not in solid blocks):
+    their decode within the pack's shuffled epoch over the default pack's, where the plan
+    predicts 1.00. What is left is what the pack's mix of other codecs (dictionaries, brotli,
+    zstd's dense levels, decoded between them) costs a class whose own codec did not change:
+    a floor under the ratio of any class of the pack."""
+    ratios = sorted(
+        got[name][row["class"]] / got["default"][row["class"]]
+        for row in plan["classes"]
+        if row["codec"] == "zstd:3"
+        and not row.get("solid")
+        and got["default"].get(row["class"], 0.0) > 0
+        and row["class"] in got[name]
+    )
+    if not ratios:
+        return "%s left no class with zstd:3 alone." % name
+    return (
+        "%s left %d class%s with zstd:3 alone: measured at %.2f-%.2f (median %.2f) of the "
+        "default pack's decode of %s, where the plan predicts 1.00."
+        % (
+            name,
+            len(ratios),
+            "" if len(ratios) == 1 else "es",
+            ratios[0],
+            ratios[-1],
+            statistics.median(ratios),
+            "it" if len(ratios) == 1 else "them",
+        )
+    )
 
 
 def repeatability(name: str, runs: list[dict[str, float]], median: dict[str, float]) -> str:

@@ -25,6 +25,7 @@ from fanfs.optimizer.measurement import (
     MeasureFn,
     Measurement,
     PlanCost,
+    block_data_cost,
     compress_threads,
     confirm,
     llc_share,
@@ -257,6 +258,10 @@ def _make_plan(
     read_model = settings.read_model or fit_read_model(reads)
     n_files, n_bytes = len(files), sum(f.size for f in files)
     cost = PlanCost(settings.time_budget_s, started=start if measure_fn is measure else None)
+    if measure_fn is measure and solid_block:
+        began = time.thread_time()
+        cost.block_data_s = block_data_cost(solid_block)
+        cost.measure_s += time.thread_time() - began
     # The codecs' share of the measuring budget: CONFIRM_SHARE of it is kept for confirming
     # choices made on few units (`measurement.confirm`), and with solid blocks to choose,
     # SOLID_SHARE for that choice (`_solid_classes`, `_measure_balanced_solid`).
@@ -808,6 +813,8 @@ def _project_solid(
     blocks_s, blocks_warm_s = project_decode(
         grouped, small_bytes, objects, shift, llc_share(epoch_bytes, objects)
     )
+    if grouped.deep <= 0:  # (timed with the last-level cache evicted, it paid its data there)
+        blocks_s += cost.block_data_s * (grouped.stored_bytes * scale + small_bytes)
     sampled = cls.measure_units
     fit = SolidFit(
         (alone.stored_bytes - grouped.stored_bytes) * scale,
@@ -1116,6 +1123,8 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         "dictionary_classes": sorted(plan.cost.dict_shifts),
         "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,
+        # what a solid block's data costs from memory, ns per byte read or written
+        "block_data_ns": round(plan.cost.block_data_s * 1e9, 4),
     }
 
 

@@ -2324,6 +2324,66 @@ def test_solid_blocks_with_a_dictionary_are_timed_with_the_last_level_cache_evic
     assert fit.blocks_s == pytest.approx(1_000_000 * 1e-9 + 0.001 * 1_000_000 / 16384)
 
 
+def test_a_solid_block_pays_its_data_from_memory_unless_timed_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mount keeps each block it decodes in fresh memory, its stored bytes read from
+    memory: a plain candidate's blocks pay `PlanCost.block_data_s` for each byte stored and
+    decoded (here 1 ns, on the class's small files' 1 MB and their 250 KB stored in blocks,
+    a quarter as the sample's blocks stored); a dictionary candidate's blocks, timed with the
+    last-level cache evicted, paid it there and pay nothing more; nor does a plan that
+    measured no such cost (0, as with injected measurements)."""
+    from fanfs.optimizer import budgets
+    from fanfs.optimizer.measurement import Estimate
+
+    def fake(
+        class_name: str,
+        cand: Candidate,
+        units: Sequence[bytes],
+        dictionary: bytes | None,
+        *,
+        cold: bool = True,
+        deep: bool = False,
+    ) -> Measurement:
+        raw = sum(len(u) for u in units)
+        hot = raw * 1e-9
+        slow = hot + 0.001 * len(units)
+        stored = sum(len(u) // 2 if len(u) <= 2048 else len(u) // 4 for u in units)
+        return Measurement(
+            len(units), raw, stored, slow, 0.0, cold=slow / hot, deep=0.002 if deep else 0.0
+        )
+
+    monkeypatch.setattr(budgets, "measure", fake)
+    monkeypatch.setattr(budgets, "llc_share", lambda epoch_bytes, objects: 1.0)
+    cls = ClassSample(
+        "src/*.txt", files=250, total_bytes=1_000_000, chunks=250, units=[b"x" * 4000] * 16
+    )
+    cls.runs = [[b"x" * 1000] * 4] * 4
+    plain = Estimate(ZSTD19, 500_000, 0.5, 0.01, 16, 64_000, warm_s=0.1)
+    with_dict = dataclasses.replace(plain, candidate=Candidate(ZSTD19.spec, use_dict=True))
+
+    def fit(est: Estimate, rate: float) -> budgets.SolidFit:
+        got, _ = budgets._project_solid(cls, est, 16384, fake, PlanCost(None, block_data_s=rate))
+        assert got is not None
+        return got
+
+    paid = fit(plain, 1e-9).blocks_s - fit(plain, 0.0).blocks_s
+    assert paid == pytest.approx(1e-9 * (1_000_000 + 250_000))
+    assert fit(plain, 1e-9).blocks_warm_s == fit(plain, 0.0).blocks_warm_s
+    assert fit(with_dict, 1e-9).blocks_s == fit(with_dict, 0.0).blocks_s
+    assert fit(with_dict, 1e-9).blocks_s > fit(plain, 0.0).blocks_s  # (its deep penalty)
+
+
+def test_a_block_s_data_costs_more_from_memory_than_from_the_caches() -> None:
+    """On the real clock: a copy of a block's bytes after the last-level cache is swept takes
+    longer than the same copy hot (a 128 KiB copy: tens of microseconds more here)."""
+    from fanfs.optimizer import measurement
+
+    cost = measurement.block_data_cost(128 * 1024)
+    assert 0.0 < cost < 1e-7
+    assert measurement.block_data_cost(128 * 1024) == cost  # (measured once per process)
+
+
 def test_a_deep_cold_penalty_is_measured_only_when_asked() -> None:
     """On the real clock: a dictionary candidate's units decoded after the last-level cache
     is evicted take longer than hot (tens of microseconds each: the dictionary's content and
