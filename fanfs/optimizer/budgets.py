@@ -814,7 +814,7 @@ def _project_solid(
         grouped, small_bytes, objects, shift, llc_share(epoch_bytes, objects)
     )
     if grouped.deep <= 0:  # (timed with the last-level cache evicted, it paid its data there)
-        blocks_s += cost.block_data_s * (grouped.stored_bytes * scale + small_bytes)
+        blocks_s = max(blocks_s, cost.block_data_s * (grouped.stored_bytes * scale + small_bytes))
     sampled = cls.measure_units
     fit = SolidFit(
         (alone.stored_bytes - grouped.stored_bytes) * scale,
@@ -1123,7 +1123,7 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         "dictionary_classes": sorted(plan.cost.dict_shifts),
         "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,
-        # what a solid block's data costs from memory, ns per byte read or written
+        # a solid block's data copied from memory, ns per byte read or written
         "block_data_ns": round(plan.cost.block_data_s * 1e9, 4),
     }
 

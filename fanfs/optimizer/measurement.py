@@ -198,36 +198,34 @@ BLOCK_DATA_TIMINGS: Final = 5
 
 @functools.cache
 def block_data_cost(block: int) -> float:
-    """The seconds per byte by which a solid block of `block` bytes is served slower than
-    hot for its data alone: its stored bytes read and its decoded bytes written where no
-    cache holds them. The mount keeps each block it decodes (its other members are served
-    from it) in memory just allocated, and in an epoch of a dataset many times the caches
-    the stored bytes come from memory too; the hot passes reuse their output buffer and the
-    cold penalty (`cold_penalty`, 4 MiB written) leaves the data in the last-level cache.
-    Timed as a copy of `block` bytes into a buffer of as many after a read of the last-level
-    cache (`_llc_sweep`), less the same copy hot, over the bytes read and written (the
-    median of BLOCK_DATA_TIMINGS, in this thread's CPU time); measured once per process.
+    """The seconds per byte read or written that a copy of `block` bytes takes where no
+    cache holds them: the least a solid block of `block` bytes takes to be served, its stored
+    bytes read and its decoded bytes written. The mount keeps each block it decodes (its
+    other members are served from it) in memory just allocated, and in an epoch of a dataset
+    many times the caches the stored bytes come from memory too; the hot passes reuse their
+    output buffer and the cold penalty (`cold_penalty`, 4 MiB written) leaves the data in the
+    last-level cache. Timed as such a copy after a read of the last-level cache
+    (`_llc_sweep`), the median of BLOCK_DATA_TIMINGS in this thread's CPU time, over the
+    bytes read and written; measured once per process.
 
-    On the real dataset's PNG class in blocks of 128 KiB with lz4hc:9, its blocks decoded
-    at 14.5 us each back to back and at 50.6 us through the mount in a shuffled epoch; such
-    a copy of 128 KiB took 34 us more cold than hot here (0.13 ns a byte read or written),
-    one of 1 MiB 73 us (the hardware prefetches a long copy): so it is timed at the size of
-    the blocks."""
+    On the real dataset's PNG class in blocks of 128 KiB with lz4hc:9 (a decode as fast as
+    a copy), its blocks decoded at 14.5 us each back to back and at 50.6 us through the mount
+    in a shuffled epoch; a copy of 128 KiB took 39 us after the sweep, 5 us hot (one of 1 MiB
+    138 us and 65 us: the hardware prefetches a long copy, so it is timed at the size of the
+    blocks). A decode slower than the copy (zstd's, 150 us a block of Python sources) hides
+    its data's latency: charged on top, those blocks read 0.80-0.86x their prediction."""
     size = max(block, 1)
     source = bytes(range(256)) * (size // 256) + bytes(size % 256)
     dest = bytearray(size)  # (its pages written: real, as the block's memory is)
     sweep = _llc_sweep()
     clock = time.thread_time
-    cold, hot = [], math.inf
+    cold = []
     for _ in range(BLOCK_DATA_TIMINGS):
         crc32(sweep)
         start = clock()
         dest[:] = source
         cold.append(clock() - start)
-        start = clock()
-        dest[:] = source
-        hot = min(hot, clock() - start)
-    return max(statistics.median(cold) - hot, 0.0) / (2 * size)
+    return statistics.median(cold) / (2 * size)
 
 
 def release_eviction_buffers() -> None:
@@ -932,9 +930,9 @@ class PlanCost:
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
     # each decoder's cold penalty on each class so far (`_profiling`)
     cold_donors: ColdDonors = field(default_factory=dict)
-    # The seconds per byte a solid block's data (stored bytes read, decoded bytes written)
-    # costs from memory beyond its hot decode (`block_data_cost`; 0: not measured, as with
-    # injected measurements)
+    # The seconds per byte read or written of a copy of a solid block from memory, the least
+    # a block's decode takes with its stored and decoded bytes (`block_data_cost`; 0: not
+    # measured, as with injected measurements)
     block_data_s: float = 0.0
     # The sample's mount (`coldmount.sample_mount`; None: not tried), and what it shifts each
     # class's cold penalty per object by (`cold_shifts`): a class not in it keeps the method.
