@@ -416,15 +416,17 @@ def _cold_words(cold: dict[str, Any]) -> str:
     if not mounted:
         return "%s (%s)" % (method, cold["note"]) if cold["note"] else method
     dicts = len(cold.get("dictionary_classes", ()))
+    lz4 = len(cold.get("lz4_dictionary_classes", ()))
     brotli = len(cold.get("brotli_classes", ()))
     return (
-        "the sample read through a mount of it, for %d class%s%s%s (%.1f s); %s for those of "
+        "the sample read through a mount of it, for %d class%s%s%s%s (%.1f s); %s for those of "
         "fewer sample units"
         % (
             mounted,
             "" if mounted == 1 else "es",
             ", brotli's cost for %d" % brotli if brotli else "",
             ", with their dictionaries for %d" % dicts if dicts else "",
+            " (lz4's too for %d)" % lz4 if lz4 else "",
             cold["mount_s"],
             method,
         )

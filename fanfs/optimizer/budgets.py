@@ -1121,6 +1121,14 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         "mounted_classes": sorted(plan.cost.shifts),
         "brotli_classes": sorted(n for n, codec in plan.cost.penalties if codec == CODEC_BROTLI),
         "dictionary_classes": sorted(plan.cost.dict_shifts),
+        # (those whose lz4 dictionary's cost came from that mount too)
+        "lz4_dictionary_classes": sorted(
+            name
+            for name, seconds in (
+                plan.cost.dict_mounted.lz4_s if plan.cost.dict_mounted is not None else {}
+            ).items()
+            if seconds > 0
+        ),
         "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,
         # a solid block's data copied from memory, ns per byte read or written

@@ -63,6 +63,9 @@ LOG_WAIT_S: Final = 30.0
 BROTLI_UNITS: Final = 16
 BROTLI_BYTES: Final = 256 * 1024  # (and no more units than reach this many bytes)
 BROTLI_LEVEL: Final = "brotli:5"
+# The mount of the dictionaries' units also reads them stored with lz4 and the class's
+# dictionary: lz4's levels share the decoder, and this one compresses fast.
+LZ4_DICT_LEVEL: Final = "lz4"
 # Where the sample is written first when there is room (twice its units: the files and the
 # pack), else the temporary directory: a file created on the real dataset's disk (ext4 on a
 # shared virtual disk) took 0.3-0.6 ms, 2-4.5 s of a plan's two mounts, against 0.02 ms in
@@ -81,8 +84,10 @@ class MountedSample:
     seconds: float = 0.0
     note: str = ""
     # with `dictionaries`: each class's decode of the same units packed without its
-    # dictionary, read in the same mount (what `decode_s` is compared with, unit for unit)
+    # dictionary, read in the same mount (what `decode_s` is compared with, unit for unit),
+    # and stored with LZ4_DICT_LEVEL and the dictionary
     plain_s: dict[str, float] = field(default_factory=dict)
+    lz4_s: dict[str, float] = field(default_factory=dict)
     # without: each class's `brotli_units` stored with BROTLI_LEVEL, and the same units'
     # zstd:3 chunks among the class's own
     brotli_s: dict[str, float] = field(default_factory=dict)
@@ -101,9 +106,10 @@ def sample_mount(
     seeded shuffled order through a fresh mount with read-ahead and the object cache off and
     the pack preloaded; the mount's decode trace charged to each file's class. With
     `dictionaries`, the units the class's dictionary was not trained on (`dictionary_units`)
-    of each class that has one, packed with zstd:3 and that dictionary, and the same units
-    again without it, all read in one shuffled order, each serving process's first decode of
-    each copy of a class charged the copy's mean (`_charged`). Without, each class's
+    of each class that has one, packed with zstd:3 and that dictionary, again without it
+    (`plain_s`) and again with LZ4_DICT_LEVEL and the dictionary (`lz4_s`), all read in one
+    shuffled order, each serving process's first decode of each copy of a class charged the
+    copy's mean (`_charged`). Without, each class's
     `brotli_units` are read among them stored with BROTLI_LEVEL too (`brotli_s`, and the
     same units' zstd:3 chunks in `brotli_base_s`). Never raises: a failure returns an empty
     result with a one-line note."""
@@ -113,7 +119,10 @@ def sample_mount(
         return MountedSample(note="no class has %d sample units" % MOUNT_MIN_UNITS)
     need = sum(len(u) for c in picked for u in _units(c, dictionaries))
     try:
-        work = tempfile.mkdtemp(prefix="fanfs-plan-", dir=_scratch(4 * need))
+        # (the files and their pack: with `dictionaries`, three copies of each)
+        work = tempfile.mkdtemp(
+            prefix="fanfs-plan-", dir=_scratch((6 if dictionaries else 4) * need)
+        )
     except OSError as exc:
         return MountedSample(
             seconds=time.perf_counter() - start,
@@ -175,8 +184,10 @@ def _measure(
     tree, pack, mnt = (os.path.join(work, name) for name in ("tree", "sample.fan", "mnt"))
     log_path, trace = os.path.join(work, "mount.log"), os.path.join(work, "trace")
     members: dict[bytes, int] = {}
-    # with `dictionaries`: the same units without it; else the brotli copies
+    # with `dictionaries`: the same units without it, and with lz4 and it; else the brotli
+    # copies
     plain: dict[bytes, int] = {}
+    lz4: dict[bytes, int] = {}
     same: dict[bytes, int] = {}  # (the brotli copies' units among `members`)
     dirs: list[list[str | None]] = []  # (directory, codec, dictionary file) for `_PACKER`
     try:
@@ -185,7 +196,9 @@ def _measure(
             _write(tree, "c%03d" % k, units, members, k)
             if dictionaries:
                 _write(tree, "p%03d" % k, units, plain, k)
+                _write(tree, "l%03d" % k, units, lz4, k)
                 dirs.append(["c%03d" % k, "zstd:3", os.path.join(work, "d%03d" % k)])
+                dirs.append(["l%03d" % k, LZ4_DICT_LEVEL, os.path.join(work, "d%03d" % k)])
                 with open(os.path.join(work, "d%03d" % k), "xb") as f:
                     f.write(cls.dictionary or b"")
             elif copied := brotli_units(cls):
@@ -200,6 +213,7 @@ def _measure(
     _python("packing the sample", ["-c", _PACKER, tree, pack, str(chunk_size)],
             stdin=json.dumps(dirs))  # fmt: skip
     owner, plain_owner = _chunk_owners(pack, members), _chunk_owners(pack, plain)
+    lz4_owner = _chunk_owners(pack, lz4)
     same_owner = _chunk_owners(pack, same)
     env = dict(os.environ, **{DECODE_TRACE_ENV: trace})
     try:  # (a mount that comes up after its command timed out is unmounted too)
@@ -214,7 +228,7 @@ def _measure(
         # (served from memory, as a mount of the whole pack is where it fits: every outcome
         # of `--preload yes` logs a line with this word)
         _wait_for(log_path, "preload")
-        files = sorted(members) + sorted(plain)
+        files = sorted(members) + sorted(plain) + sorted(lz4)
         random.Random(seed).shuffle(files)
         _read_all(mnt, files)
     finally:
@@ -225,6 +239,7 @@ def _measure(
         return MountedSample(
             _charged(classes, work, owner, first_use=False),
             plain_s=_charged(classes, work, plain_owner, first_use=False),
+            lz4_s=_charged(classes, work, lz4_owner, first_use=False),
         )
     brotli = _charged(classes, work, plain_owner, first_use=False) if plain else {}
     base = _charged(classes, work, same_owner, first_use=False) if plain else {}

@@ -94,8 +94,8 @@ def test_with_dictionaries_the_units_each_dictionary_was_not_trained_on_are_moun
     private_tmp: Path,
 ) -> None:
     """`dictionaries`: a class with a dictionary and 2 x MOUNT_MIN_UNITS units has its odd
-    ones read through a mount of them packed with it and again without it; a class without
-    one, or with too few such units, is not mounted."""
+    ones read through a mount of them packed with it, again without it and again with lz4
+    and it; a class without one, or with too few such units, is not mounted."""
     from fanfs.compression import train_dictionary
 
     units = _texts(2 * MOUNT_MIN_UNITS, 1)
@@ -110,9 +110,10 @@ def test_with_dictionaries_the_units_each_dictionary_was_not_trained_on_are_moun
     assert got.note == ""
     assert list(got.decode_s) == ["a/*.txt"]
     assert 0.0 < got.decode_s["a/*.txt"] < 1.0
-    # the same units without the dictionary, read in the same mount
-    assert list(got.plain_s) == ["a/*.txt"]
+    # the same units without the dictionary, and with lz4 and it, read in the same mount
+    assert list(got.plain_s) == list(got.lz4_s) == ["a/*.txt"]
     assert 0.0 < got.plain_s["a/*.txt"] < 1.0
+    assert 0.0 < got.lz4_s["a/*.txt"] < 1.0
     assert os.listdir(private_tmp) == []
     assert mounts_under(str(private_tmp)) == []
     none = sample_mount([plain], chunk_size=1 << 20, dictionaries=True)
@@ -222,6 +223,7 @@ def test_cold_cost_method_mounts_nothing(tmp_path: Path) -> None:
         "mounted_classes": [],
         "brotli_classes": [],
         "dictionary_classes": [],
+        "lz4_dictionary_classes": [],
         "mount_s": 0.0,
         "note": "--cold-cost method",
     }

@@ -3450,6 +3450,43 @@ def test_a_dictionarys_penalty_follows_the_mounts_ratio_with_and_without_it() ->
     )
 
 
+def test_lz4s_dictionary_penalty_follows_the_mounts_ratio_with_and_without_it() -> None:
+    """The mount of the dictionaries also read a class's dictionary units stored with lz4 and
+    the dictionary, in 25 ms against 20 ms without a dictionary: the class stored with lz4
+    and its dictionary is to decode in 1.25x the reference's projection, its hot part the
+    reference's times their hot ratio here; the penalty per chunk is the rest, less the
+    shift, under lz4's codec id (zstd's dictionary penalty is not touched). A class the
+    mount read no such units of keeps the method's."""
+    from fanfs.compression import CODEC_LZ4, train_dictionary
+    from fanfs.optimizer.coldmount import LZ4_DICT_LEVEL, MountedSample
+    from fanfs.optimizer.measurement import lz4_dictionary_penalties, project_decode
+
+    units = _units(3, [2000] * 40)
+    dictionary = train_dictionary(units[::2])
+    assert dictionary is not None
+    cls, quiet = (
+        ClassSample(
+            name, files=100, total_bytes=200_000, chunks=100, units=units, dictionary=dictionary
+        )
+        for name in ("a/*.txt", "c/*.txt")
+    )
+    ref_m = Measurement(40, 80_000, 20_000, 0.0008 + 40 * 6e-4, 0.1, cold=0.0248 / 0.0008)
+    refs = {c.name: ref_m for c in (cls, quiet)}
+    mounted = MountedSample(
+        {"a/*.txt": 0.03, "c/*.txt": 0.03},
+        plain_s={"a/*.txt": 0.02, "c/*.txt": 0.02},
+        lz4_s={"a/*.txt": 0.025},
+    )
+    got = lz4_dictionary_penalties(mounted, [cls, quiet], refs, {"a/*.txt": 4e-4})
+    assert list(got) == [("a/*.txt", CODEC_LZ4)]
+    assert project_decode(ref_m, 200_000, 100, 4e-4) == pytest.approx((0.102, 0.002))
+    hot_ratio = _hot_ratio(units[1::2], parse_codec(LZ4_DICT_LEVEL), dictionary)
+    assert 0.05 < hot_ratio < 5
+    assert got[("a/*.txt", CODEC_LZ4)] == pytest.approx(
+        (0.102 * 1.25 - 0.002 * hot_ratio) / 100 - 4e-4, rel=0.02
+    )
+
+
 def test_brotlis_penalty_follows_the_mounts_ratio_among_the_zstd_units() -> None:
     """The sample's mount decoded a class's brotli units (16 of its 40 odd ones, stored with
     brotli:5) in 50 ms and the same units' zstd:3 chunks in 20 ms: the class stored with
@@ -3526,7 +3563,8 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
     the classes (no dictionary yet), and once the class's dictionary is trained and its
     zstd candidate measured, with dictionaries. The dictionary candidate's cold penalty per
     chunk then follows what that mount paid for the same units (twice as much with the
-    dictionary as without), not the method's (microseconds);
+    dictionary as without), not the method's (microseconds); lz4's with the dictionary
+    likewise (1.5 times as much);
     a later call resuming from the same cost mounts nothing again, and both mounts'
     seconds count in the plan's cost."""
     from fanfs.optimizer.coldmount import MountedSample
@@ -3540,9 +3578,13 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         )
         if not dictionaries:
             return MountedSample({}, 1.0)
-        # (the odd units decode in 2 ms each with the dictionary, 1 ms without)
+        # (the odd units decode in 2 ms each with the dictionary, 1 ms without, 1.5 ms with
+        # lz4 and the dictionary)
         return MountedSample(
-            {"a/*.json": 2e-3 * len(odd)}, 2.0, plain_s={"a/*.json": 1e-3 * len(odd)}
+            {"a/*.json": 2e-3 * len(odd)},
+            2.0,
+            plain_s={"a/*.json": 1e-3 * len(odd)},
+            lz4_s={"a/*.json": 1.5e-3 * len(odd)},
         )
 
     a = ClassSample(
@@ -3550,10 +3592,11 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
     )
     odd = a.measure_units[1::2]
     zstd19d, zstd3d = (Candidate(c.spec, use_dict=True) for c in (ZSTD19, REFERENCE))
+    lz4d = Candidate(parse_codec("lz4hc:9"), use_dict=True)
     cost = PlanCost(None)
     for _ in range(2):
         profs = profile(
-            [a], [REFERENCE, zstd3d, zstd19d], time_budget_s=60.0, measure_fn=measure,
+            [a], [REFERENCE, zstd3d, zstd19d, lz4d], time_budget_s=60.0, measure_fn=measure,
             spent_out=cost, cold_fn=cold_fn,
         )  # fmt: skip
         got = {e.candidate: e for e in profs[0].estimates}
@@ -3566,6 +3609,7 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         cold = [got[c].decode_s - got[c].warm for c in (zstd3d, zstd19d, REFERENCE)]
         assert cold[1] == pytest.approx(cold[0], rel=0.05)
         assert cold[1] > 1.5 * cold[2]
+        assert got[lz4d].decode_s == pytest.approx(1.5 * got[REFERENCE].decode_s, rel=0.2)
     assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
     assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
 
