@@ -2275,17 +2275,10 @@ def test_the_deep_cold_penalty_is_weighed_by_the_epoch_s_eviction_and_projected_
     assert (m + dataclasses.replace(other, deep=0.0)).deep == pytest.approx(5e-4)
 
 
-def test_solid_blocks_with_a_dictionary_are_timed_with_the_last_level_cache_evicted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`_project_solid` measures a dictionary candidate's blocks with `deep` (and a plain
-    candidate's without), and a class of few blocks in a large epoch pays the deep penalty
-    on them: 2 ms per 4000 bytes of the sample's blocks, where the core's eviction showed
-    1 ms a block."""
-    from fanfs.optimizer import budgets
-    from fanfs.optimizer.measurement import Estimate
-
-    asked: list[tuple[str, int, bool]] = []
+def _blocks_measure(asked: list[tuple[str, int, bool]]) -> Callable[..., Measurement]:
+    """A `measure` for solid blocks, recording each call in `asked`: 1 ns a byte hot, 1 ms a
+    unit cold, 2 ms a unit with the last-level cache evicted (`deep`); units of up to 2 KiB
+    stored in half, larger ones in a quarter."""
 
     def fake(
         class_name: str,
@@ -2305,6 +2298,21 @@ def test_solid_blocks_with_a_dictionary_are_timed_with_the_last_level_cache_evic
             len(units), raw, stored, slow, 0.0, cold=slow / hot, deep=0.002 if deep else 0.0
         )
 
+    return fake
+
+
+def test_solid_blocks_with_a_dictionary_are_timed_with_the_last_level_cache_evicted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`_project_solid` measures a dictionary candidate's blocks with `deep` (and a plain
+    candidate's without), and a class of few blocks in a large epoch pays the deep penalty
+    on them: 2 ms per 4000 bytes of the sample's blocks, where the core's eviction showed
+    1 ms a block."""
+    from fanfs.optimizer import budgets
+    from fanfs.optimizer.measurement import Estimate
+
+    asked: list[tuple[str, int, bool]] = []
+    fake = _blocks_measure(asked)
     monkeypatch.setattr(budgets, "measure", fake)
     monkeypatch.setattr(budgets, "llc_share", lambda epoch_bytes, objects: 1.0)
     cls = ClassSample(
@@ -2338,23 +2346,7 @@ def test_a_solid_block_takes_at_least_its_data_from_memory_unless_timed_so(
     from fanfs.optimizer import budgets
     from fanfs.optimizer.measurement import Estimate
 
-    def fake(
-        class_name: str,
-        cand: Candidate,
-        units: Sequence[bytes],
-        dictionary: bytes | None,
-        *,
-        cold: bool = True,
-        deep: bool = False,
-    ) -> Measurement:
-        raw = sum(len(u) for u in units)
-        hot = raw * 1e-9
-        slow = hot + 0.001 * len(units)
-        stored = sum(len(u) // 2 if len(u) <= 2048 else len(u) // 4 for u in units)
-        return Measurement(
-            len(units), raw, stored, slow, 0.0, cold=slow / hot, deep=0.002 if deep else 0.0
-        )
-
+    fake = _blocks_measure([])
     monkeypatch.setattr(budgets, "measure", fake)
     monkeypatch.setattr(budgets, "llc_share", lambda epoch_bytes, objects: 1.0)
     cls = ClassSample(
