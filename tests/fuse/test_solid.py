@@ -193,12 +193,11 @@ def test_two_serving_processes_decode_each_block_once(
     hands each READ to whichever is free), before the block's other files are pushed into
     the page cache (here mostly never: the kernel has no inode for them yet). The process that
     decodes a block shares it: every block is decoded once in all, and every file reads back
-    byte for byte, some of them from the other process's copy."""
+    byte for byte, some of them from the other process's copy. (Which process the kernel
+    hands a READ is its choice: in one CI run of many, one process served every file, so
+    up to three fresh mounts are read until one shares.)"""
     src, pack = solid
-    mnt = mount_factory(pack, "--processes", "2", "--cache-memory", "0", "--prefetch", "off").mnt
     rows = _solid_rows(pack)
-    for rel in sorted(rows, key=rows.__getitem__):  # in storage order
-        assert (mnt / rel).read_bytes() == (src / rel).read_bytes(), rel
     reader = PackReader(str(pack))
     try:
         index = reader.index
@@ -208,6 +207,16 @@ def test_two_serving_processes_decode_each_block_once(
         }
     finally:
         reader.close()
-    stats = read_stats(str(mnt))
-    assert stats["solid_bytes"] == sum(sizes.values())
-    assert 0 < stats["solid_shared"] <= stats["solid_hits"]
+    for attempt in range(3):
+        mnt = mount_factory(
+            pack, "--processes", "2", "--cache-memory", "0", "--prefetch", "off",
+            name="mnt%d" % attempt,
+        ).mnt  # fmt: skip
+        for rel in sorted(rows, key=rows.__getitem__):  # in storage order
+            assert (mnt / rel).read_bytes() == (src / rel).read_bytes(), rel
+        stats = read_stats(str(mnt))
+        assert stats["solid_bytes"] == sum(sizes.values())
+        assert stats["solid_shared"] <= stats["solid_hits"]
+        if stats["solid_shared"] > 0:
+            break
+    assert stats["solid_shared"] > 0
