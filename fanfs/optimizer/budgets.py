@@ -1123,11 +1123,7 @@ def _cold_record(plan: Plan) -> dict[str, Any]:
         "dictionary_classes": sorted(plan.cost.dict_shifts),
         # (those whose lz4 dictionary's cost came from that mount too)
         "lz4_dictionary_classes": sorted(
-            name
-            for name, seconds in (
-                plan.cost.dict_mounted.lz4_s if plan.cost.dict_mounted is not None else {}
-            ).items()
-            if seconds > 0
+            plan.cost.dict_mounted.lz4_s if plan.cost.dict_mounted is not None else ()
         ),
         "mount_s": round(plan.cost.mounted_s(), 3),
         "note": note,

@@ -85,7 +85,7 @@ class MountedSample:
     note: str = ""
     # with `dictionaries`: each class's decode of the same units packed without its
     # dictionary, read in the same mount (what `decode_s` is compared with, unit for unit),
-    # and stored with LZ4_DICT_LEVEL and the dictionary
+    # and stored with LZ4_DICT_LEVEL and the dictionary (the classes charged anything)
     plain_s: dict[str, float] = field(default_factory=dict)
     lz4_s: dict[str, float] = field(default_factory=dict)
     # without: each class's `brotli_units` stored with BROTLI_LEVEL, and the same units'
@@ -239,7 +239,11 @@ def _measure(
         return MountedSample(
             _charged(classes, work, owner, first_use=False),
             plain_s=_charged(classes, work, plain_owner, first_use=False),
-            lz4_s=_charged(classes, work, lz4_owner, first_use=False),
+            lz4_s={
+                name: s
+                for name, s in _charged(classes, work, lz4_owner, first_use=False).items()
+                if s > 0
+            },
         )
     brotli = _charged(classes, work, plain_owner, first_use=False) if plain else {}
     base = _charged(classes, work, same_owner, first_use=False) if plain else {}

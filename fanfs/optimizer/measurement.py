@@ -1184,7 +1184,12 @@ def profile(
             start = time.perf_counter()
             refs = {c.name: totals[(c.name, ref)] for c in users}
             paid = dictionary_penalties(dict_mounted, users, refs, shifts)
-            lz4_paid = lz4_dictionary_penalties(dict_mounted, users, refs, shifts)
+            # (timed hot per class: only where a candidate would take it)
+            lz4_paid = (
+                lz4_dictionary_penalties(dict_mounted, users, refs, shifts)
+                if any(c.use_dict and c.spec.codec_id == CODEC_LZ4 for c in candidates)
+                else {}
+            )
             dict_mounted = dataclasses.replace(
                 dict_mounted, seconds=dict_mounted.seconds + time.perf_counter() - start
             )

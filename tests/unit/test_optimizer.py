@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fanfs.compression import parse_codec
+from fanfs.compression import CODEC_LZ4, CODEC_ZSTD, parse_codec
 from fanfs.errors import UsageError
 from fanfs.optimizer import (
     FALLBACK_CLASS,
@@ -3604,6 +3604,15 @@ def test_profile_mounts_the_dictionaries_once_they_are_trained() -> None:
         assert got[lz4d].decode_s == pytest.approx(1.5 * got[REFERENCE].decode_s, rel=0.2)
     assert calls == [(False, ["a/*.json"], [False]), (True, ["a/*.json"], [True])]
     assert cost.counted_s() > 3.0 + cost.reference_s + cost.measure_s
+    assert ("a/*.json", CODEC_LZ4) in cost.penalties
+    # without an lz4 candidate with a dictionary, lz4's mounted units are not timed for one
+    alone = PlanCost(None)
+    profile(
+        [a], [REFERENCE, zstd3d], time_budget_s=60.0, measure_fn=measure, spent_out=alone,
+        cold_fn=cold_fn,
+    )  # fmt: skip
+    assert ("a/*.json", CODEC_ZSTD) in alone.penalties
+    assert ("a/*.json", CODEC_LZ4) not in alone.penalties
 
 
 def test_a_loose_decode_budget_mounts_no_dictionaries() -> None:
